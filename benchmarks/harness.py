@@ -1,0 +1,206 @@
+"""What the benchmarks share: seeded data files, a fresh database, running `idem ingest` and watching it.
+
+Every phase runs the real CLI (`idem ingest`, the same Dagster job the sensor
+launches, in process) as a child process, so the figures include everything a
+user pays: interpreter start, Dagster, the Spark session and the commit. A
+watcher samples the resident memory of the driver (the Python process) and of
+the Spark driver JVM every 50 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+from psycopg import sql
+
+from idem_platform.samples import write_threatfeed
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = """
+connectors:
+  - name: threatfeed
+    kind: filedrop
+    path: drop
+    record_type_field: type
+    id_field: id
+tables:
+  indicator:
+    columns:
+      name: {type: string, required: true}
+      confidence: int
+      score: real
+      created: timestamp
+      embedding: vector(8)
+      tags: dynamic
+      active: bool
+      source: string
+  malware:
+    columns:
+      name: {type: string, required: true}
+      family: string
+      first_seen: timestamp
+      sample_size: long
+      is_packed: bool
+      labels: dynamic
+      score: real
+      platform: string
+  threat-actor:
+    columns:
+      name: {type: string, required: true}
+      aliases: dynamic
+      sophistication: int
+      score: real
+      last_seen: timestamp
+      observed_count: long
+      motivation: string
+      country: string
+spark:
+  conf:
+    spark.ui.enabled: "false"
+"""
+TABLES = ("indicator", "malware", "threat-actor")
+
+
+def data_file(directory: Path, records: int, *, seed: int = 42) -> Path:
+    """The seeded feed of ``records`` lines (10 % duplicates), generated once and reused."""
+    path = directory / f"threatfeed-{records}-s{seed}.ndjson"
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        write_threatfeed(path, records, seed=seed, duplicate_ratio=0.10)
+    return path
+
+
+def copy_of(path: Path, target: Path) -> Path:
+    """The same records in a new file (one extra newline: other bytes, other file key)."""
+    shutil.copyfile(path, target)
+    with target.open("ab") as handle:
+        handle.write(b"\n")
+    return target
+
+
+def fresh_database(server_url: str, name: str) -> str:
+    """Drop and create ``name`` on the server; return its URL."""
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    info = psycopg.conninfo.conninfo_to_dict(server_url)
+    if "?" in server_url or "host=" in server_url and not server_url.startswith("postgresql://"):
+        info["dbname"] = name
+        return psycopg.conninfo.make_conninfo(**info)
+    head, _, query = server_url.partition("?")
+    base = head.rsplit("/", 1)[0]
+    return f"{base}/{name}" + (f"?{query}" if query else "")
+
+
+@dataclass
+class Watch:
+    """Peak resident memory of a process tree, sampled in a thread."""
+
+    pid: int
+    driver_peak: int = 0
+    jvm_peak: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop.is_set():
+            try:
+                self.driver_peak = max(self.driver_peak, root.memory_info().rss)
+                for child in root.children(recursive=True):
+                    if child.name() == "java":
+                        self.jvm_peak = max(self.jvm_peak, child.memory_info().rss)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@dataclass
+class Phase:
+    """One measured `idem ingest`."""
+
+    name: str
+    records: int
+    wall: float
+    summary: dict[str, Any]
+    driver_peak_mib: float
+    jvm_peak_mib: float
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.records / self.wall if self.wall else 0.0
+
+
+def run_ingest(name: str, path: Path, records: int, env: dict[str, str], config: Path) -> Phase:
+    """Run `idem ingest` on ``path`` in a child process and measure it."""
+    command = [sys.executable, "-m", "idem_platform.cli", "ingest", "--config", str(config), "--connector", "threatfeed", str(path)]
+    started = time.monotonic()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = Watch(process.pid)
+    thread = threading.Thread(target=watch.run, daemon=True)
+    thread.start()
+    stdout, stderr = process.communicate()
+    wall = time.monotonic() - started
+    watch.stop()
+    thread.join()
+    if process.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{stderr[-4000:]}")
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    return Phase(name, records, wall, summary, watch.driver_peak / 2**20, watch.jvm_peak / 2**20)
+
+
+def environment(url: str, home: Path, master: str) -> dict[str, str]:
+    env = {**os.environ, "IDEM_POSTGRES_URL": url, "IDEM_SPARK_MASTER": master, "DAGSTER_HOME": str(home)}
+    env.pop("IDEM_FAULT", None)
+    home.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def copy_baseline(url: str, records: int) -> float:
+    """Seconds to COPY the committed rows (as CSV, prepared beforehand) into plain tables.
+
+    The same rows the ingest wrote, with the same column types, into tables
+    without a primary key or index: PostgreSQL's own bulk-load floor.
+    """
+    seconds = 0.0
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in TABLES:
+            source = sql.SQL("idem.{}").format(sql.Identifier(table))
+            target = sql.Identifier(f"copy_baseline_{table}".replace("-", "_"))
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target))
+            conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(target, source))
+            buffer = bytearray()
+            with conn.cursor().copy(sql.SQL("COPY {} TO STDOUT WITH (FORMAT csv)").format(source)) as copy:
+                for chunk in copy:
+                    buffer += chunk
+            started = time.monotonic()
+            with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN WITH (FORMAT csv)").format(target)) as copy:
+                view = memoryview(buffer)
+                for offset in range(0, len(view), 8 << 20):
+                    copy.write(view[offset : offset + (8 << 20)])
+            seconds += time.monotonic() - started
+            conn.execute(sql.SQL("DROP TABLE {}").format(target))
+    return seconds
+
+
+def embedded_server(home: Path) -> str:
+    """The embedded PostgreSQL (pgserver) under ``home`` — the product's default."""
+    from idem_platform.postgres.connection import embedded_postgres_url
+
+    return embedded_postgres_url(home)

@@ -1,0 +1,160 @@
+"""The catalog: record types, their typed columns, and how each type maps to Arrow and PostgreSQL.
+
+DESIGN §3 is the source of these mappings; keeping them in one table means the
+coercion engine, the staging COPY and the DDL can never disagree about a type.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+SCALAR_KINDS = ("bool", "int", "long", "real", "string", "timestamp", "dynamic")
+COLUMN_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_VECTOR = re.compile(r"vector\((\d{1,5})\)")
+
+_ARROW = {
+    "bool": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "real": pa.float64(),
+    "string": pa.string(),
+    "timestamp": pa.timestamp("ns", tz="UTC"),
+    "dynamic": pa.binary(),
+}
+_POSTGRES = {
+    "bool": "boolean",
+    "int": "integer",
+    "long": "bigint",
+    "real": "double precision",
+    "string": "text",
+    "timestamp": "timestamp with time zone",
+    "dynamic": "jsonb",
+    "vector": "real[]",
+}
+
+
+@dataclass(frozen=True)
+class ColumnType:
+    """A catalog type: one of :data:`SCALAR_KINDS` or ``vector`` with its dimension."""
+
+    kind: str
+    dim: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ColumnType:
+        """Parse ``int``, ``timestamp``, ``vector(8)``...
+
+        Raises:
+            ValueError: with the list of valid types.
+        """
+        text = text.strip()
+        if text in SCALAR_KINDS:
+            return cls(text)
+        match = _VECTOR.fullmatch(text)
+        if match and 1 <= int(match.group(1)) <= 16000:
+            return cls("vector", int(match.group(1)))
+        raise ValueError(
+            f"unknown type {text!r}; expected one of {', '.join(SCALAR_KINDS)} or vector(N) "
+            "with 1 <= N <= 16000"
+        )
+
+    def __str__(self) -> str:
+        return f"vector({self.dim})" if self.kind == "vector" else self.kind
+
+    @property
+    def arrow(self) -> pa.DataType:
+        """The Arrow type of the coerced column (DESIGN §3)."""
+        if self.kind == "vector":
+            assert self.dim is not None
+            return pa.list_(pa.float32(), self.dim)
+        return _ARROW[self.kind]
+
+    @property
+    def spark_arrow(self) -> pa.DataType:
+        """The Arrow type Spark can carry: variable lists and microsecond timestamps.
+
+        Spark has no fixed-size list and its TimestampType is microseconds; the
+        dimension is still enforced by coercion, and PostgreSQL keeps microseconds.
+        """
+        if self.kind == "vector":
+            return pa.list_(pa.float32())
+        if self.kind == "timestamp":
+            return pa.timestamp("us", tz="UTC")
+        return self.arrow
+
+    @property
+    def postgres(self) -> str:
+        """The PostgreSQL column type, as ``information_schema`` and DDL spell it."""
+        return _POSTGRES[self.kind]
+
+
+STRING = ColumnType("string")
+
+
+@dataclass(frozen=True)
+class Column:
+    """A typed column of a record type's table."""
+
+    name: str
+    type: ColumnType
+    required: bool = False
+    evolved: bool = False  # added by schema evolution, not declared in idem.yaml
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A record type: its table ``idem.<record_type>``, schema version and columns."""
+
+    record_type: str
+    schema_version: int
+    columns: tuple[Column, ...] = field(default_factory=tuple)
+
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(column.name for column in self.columns)
+
+    def with_evolved(self, names: list[str]) -> TableSpec:
+        """This spec plus nullable string columns added by earlier evolution."""
+        known = set(self.column_names())
+        extra = tuple(Column(n, STRING, evolved=True) for n in names if n not in known)
+        return TableSpec(self.record_type, self.schema_version, self.columns + extra)
+
+    def arrow_struct(self, *, spark: bool = False) -> pa.StructType:
+        """The Arrow struct of this type's typed columns (the ``coerced`` frame's shape).
+
+        Every child is nullable: the struct is null on rows of other record types
+        and on rejects; ``required`` is enforced by coercion, not by Arrow.
+        """
+        return pa.struct([pa.field(c.name, c.type.spark_arrow if spark else c.type.arrow) for c in self.columns])
+
+
+SYSTEM_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("_idempotency_key", 'text COLLATE "C" PRIMARY KEY'),
+    ("_connector", "text NOT NULL"),
+    ("_record_type", "text NOT NULL"),
+    ("_external_id", "text NOT NULL"),
+    ("_content_hash", "text NOT NULL"),
+    ("_schema_version", "integer NOT NULL"),
+    ("_commit_id", "uuid NOT NULL"),
+    ("_ingested_at", "timestamp with time zone NOT NULL"),
+    ("_source", "text"),
+    ("_payload", "jsonb NOT NULL"),
+)
+RESERVED_COLUMN_NAMES = frozenset({"props"})
+
+
+@functools.lru_cache(maxsize=4096)
+def is_safe_column_name(name: str) -> bool:
+    """Whether a field name may become a column: ``^[a-z_][a-z0-9_]{0,62}$``, not reserved.
+
+    ``_``-prefixed names are system columns and ``props`` holds what cannot be a
+    column, so neither may be taken by a field.
+    """
+    return (
+        COLUMN_NAME.fullmatch(name) is not None
+        and not name.startswith("_")
+        and name not in RESERVED_COLUMN_NAMES
+    )

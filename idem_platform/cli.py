@@ -1,0 +1,300 @@
+"""``idem``: the command line. Every command prints one JSON line on success, one error line otherwise.
+
+``idem ingest`` runs the very same Dagster job the sensor launches, in process,
+against the same instance (``$DAGSTER_HOME``, default ``.idem/dagster`` on the
+same PostgreSQL), so CLI runs show up in ``dagster dev`` like any other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from idem_platform.config import CONFIG_ENV, IdemConfig, load_config
+from idem_platform.errors import IdemError
+from idem_platform.postgres.connection import POSTGRES_URL_ENV, idem_home, resolve_postgres_url
+
+SUMMARY_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "files", "seconds")
+
+
+class CommandError(Exception):
+    """A failure worth one clear line (exit status 1)."""
+
+
+def prepare_environment() -> str:
+    """Resolve PostgreSQL (embedded if needed) and point Dagster's instance at it.
+
+    Returns:
+        The PostgreSQL URL, also exported as ``IDEM_POSTGRES_URL`` for dagster.yaml.
+    """
+    from idem_platform.postgres import connect, ensure_schema
+
+    url = resolve_postgres_url()
+    os.environ[POSTGRES_URL_ENV] = url
+    with connect(url, autocommit=True) as conn:
+        ensure_schema(conn)
+    if not os.environ.get("DAGSTER_HOME"):
+        home = idem_home() / "dagster"
+        home.mkdir(parents=True, exist_ok=True)
+        template = resources.files("idem_platform") / "dagster.yaml"
+        target = home / "dagster.yaml"
+        text = template.read_text(encoding="utf-8")
+        if not target.exists() or target.read_text(encoding="utf-8") != text:
+            target.write_text(text, encoding="utf-8")
+        os.environ["DAGSTER_HOME"] = str(home)
+    return url
+
+
+def public_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The summary's contract keys first, then the details."""
+    out = {key: summary.get(key) for key in SUMMARY_KEYS}
+    out["seconds"] = round(seconds, 3)
+    if summary.get("prior") is not None:
+        out["prior"] = summary["prior"]
+    for key in ("tables", "schema_versions", "timings", "already_committed", "connector"):
+        if summary.get(key):
+            out[key] = summary[key]
+    return out
+
+
+def ingest_files(config: IdemConfig, connector_name: str, files: Sequence[str], *, replay: bool = False) -> dict[str, Any]:
+    """Run the connector's ingest job in process over ``files`` (one commit) and return its summary.
+
+    Raises:
+        CommandError: the run failed; the message is the underlying error.
+    """
+    from idem_platform.pipeline import check_cluster_reach, plan_batch
+    from idem_platform.postgres.connection import resolve_postgres_url
+    from idem_platform.spark.session import spark_config_for, warm_up
+
+    connector = config.connector(connector_name)
+    if connector.kind != "filedrop":
+        raise CommandError(f"connector {connector_name!r} is a {connector.kind} connector; ingest takes files")
+    paths = [str(Path(f).resolve()) for f in files]
+    for path in paths:
+        if not Path(path).is_file():
+            raise CommandError(f"no such file: {path}")
+    check_cluster_reach(config.spark_master(), resolve_postgres_url())
+    if not plan_batch(resolve_postgres_url(), connector, paths).fully_replayed:
+        # Something to commit: start Spark now, in the background, while Dagster
+        # sets the run up (the hashes computed here are reused by the run).
+        warm_up({k: str(v) for k, v in spark_config_for(config.spark_master(), dict(config.spark.conf)).items()})
+
+    import dagster as dg
+
+    from idem_platform.defs.definitions import build_definitions
+    from idem_platform.defs.filedrop.assets import asset_keys
+    from idem_platform.defs.filedrop.definitions import job_name
+    from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
+
+    if len(paths) == 1:
+        partition = partition_key_for(connector, paths[0])
+    else:
+        partition = "batch-" + hashlib.sha256("\n".join(sorted(paths)).encode()).hexdigest()[:16]
+    defs = build_definitions(config)
+    job = defs.resolve_job_def(job_name(connector))
+    ingest_key, _, committed_key = asset_keys(connector)
+    instance = dg.DagsterInstance.get()
+    partitions = partitions_for(connector)
+    if not instance.has_dynamic_partition(partitions.name or "", partition):
+        instance.add_dynamic_partitions(partitions.name or "", [partition])
+    result = job.execute_in_process(
+        run_config={
+            "ops": {ingest_key.to_python_identifier(): {"config": {"files": paths}}},
+            # Step-by-step DEBUG events stay in the run's event log; the terminal gets INFO.
+            "loggers": {"console": {"config": {"log_level": "INFO"}}},
+        },
+        instance=instance,
+        partition_key=partition,
+        tags={"idem/replay": "true"} if replay else {},
+        raise_on_error=False,
+    )
+    if not result.success:
+        raise CommandError(_failure_message(result))
+    for materialization in result.asset_materializations_for_node(committed_key.to_python_identifier()):
+        summary = materialization.metadata.get("summary")
+        if summary is not None:
+            return dict(summary.value)  # type: ignore[arg-type]
+    raise CommandError("the run succeeded but recorded no commit summary")
+
+
+def _failure_message(result: Any) -> str:
+    for event in result.all_events:
+        evaluation = event.event_specific_data if event.event_type_value == "ASSET_CHECK_EVALUATION" else None
+        if evaluation is not None and not evaluation.passed:
+            details = {k: v.value for k, v in evaluation.metadata.items()}
+            return f"blocking check {evaluation.check_name} on {evaluation.asset_key.to_user_string()} failed: {json.dumps(details, default=str)[:2000]}"
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
+            error = event.step_failure_data.error
+            while error.cause is not None and "DagsterExecutionStepExecutionError" in error.cls_name:
+                error = error.cause
+            if error.cause is not None and error.cls_name.startswith("Dagster"):
+                error = error.cause
+            message = error.message.strip().splitlines()[0] if error.message.strip() else error.cls_name
+            # "idem_platform.errors.RejectRatioExceeded: 7 of 10 ..." -> "RejectRatioExceeded: 7 of 10 ..."
+            message = re.sub(r"^(?:[a-z_][\w]*\.)+(?=[A-Z]\w*: )", "", message)
+            return f"{event.step_key}: {message}"
+    return "the run failed (see the Dagster run logs)"
+
+
+def cmd_ingest(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
+    prepare_environment()
+    config = load_config(args.config)
+    summary = ingest_files(config, args.connector, args.files, replay=args.replay)
+    return public_summary(summary, time.monotonic() - started)
+
+
+def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
+    from idem_platform.samples import threatfeed_lines, write_lines
+
+    started = time.monotonic()
+    prepare_environment()
+    config = load_config(args.config)
+    connector = next((c for c in config.connectors if c.kind == "filedrop"), None)
+    if connector is None or connector.path is None:
+        raise CommandError("the demo needs a filedrop connector in the config")
+    day = time.strftime("%Y-%m-%d")
+    lines = list(threatfeed_lines(args.records, seed=1, bad_ratio=0.01))
+    first = write_lines(connector.path / f"threatfeed-{day}-a.ndjson", lines)
+    # The second drop re-sends the second half of the first (same records, same
+    # keys: skipped) followed by as many new records (written).
+    fresh = threatfeed_lines(args.records // 2, seed=2, start=10 * args.records)
+    second = write_lines(connector.path / f"threatfeed-{day}-b.ndjson", [*lines[len(lines) // 2 :], *fresh])
+    runs = [
+        ingest_files(config, connector.name, [str(first)]),
+        ingest_files(config, connector.name, [str(second)]),
+        ingest_files(config, connector.name, [str(first)]),
+    ]
+    totals = {k: sum(int(r[k]) for r in runs) for k in ("rows_written", "rows_skipped", "rows_rejected")}
+    return {
+        "commit_id": runs[-1]["commit_id"],
+        **totals,
+        "replayed": bool(runs[-1]["replayed"]),
+        "files": [str(first), str(second)],
+        "seconds": round(time.monotonic() - started, 3),
+        "runs": [public_summary(r, float(r.get("seconds", 0))) for r in runs],
+        "postgres": os.environ[POSTGRES_URL_ENV],
+    }
+
+
+def cmd_read(args: argparse.Namespace) -> dict[str, Any] | None:
+    from psycopg import sql
+
+    from idem_platform.postgres.connection import connect
+    from idem_platform.postgres.tables import table_ident
+
+    config = load_config(args.config)
+    if args.record_type not in config.tables:
+        raise CommandError(f"unknown record type {args.record_type!r} (known: {', '.join(sorted(config.tables))})")
+    url = prepare_environment()
+    query = sql.SQL("SELECT to_jsonb(t) FROM {} t {} ORDER BY _ingested_at, _idempotency_key {}").format(
+        table_ident(args.record_type),
+        sql.SQL("WHERE _commit_id = {}").format(sql.Literal(args.commit)) if args.commit else sql.SQL(""),
+        sql.SQL("LIMIT {}").format(sql.Literal(args.limit)) if args.limit else sql.SQL(""),
+    )
+    count = 0
+    with connect(url) as conn, conn.cursor(name="idem_read") as cursor:
+        cursor.itersize = 5000
+        cursor.execute(query)
+        for (row,) in cursor:
+            sys.stdout.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+            count += 1
+    sys.stderr.write(json.dumps({"record_type": args.record_type, "rows": count}) + "\n")
+    return None
+
+
+def cmd_ledger_purge(args: argparse.Namespace) -> dict[str, Any]:
+    from datetime import timedelta
+
+    from idem_platform.commit.staging import drop_stale_staging
+    from idem_platform.ledger import purge_expired
+    from idem_platform.postgres import connect, ensure_schema
+
+    url = prepare_environment()
+    with connect(url, autocommit=True) as conn:
+        ensure_schema(conn)
+    with connect(url) as conn, conn.transaction():
+        purged = purge_expired(conn, grace=timedelta(seconds=args.grace_seconds))
+        dropped = drop_stale_staging(conn, 24 * 3600)
+    return {"purged": purged, "staging_dropped": dropped}
+
+
+def cmd_dev(args: argparse.Namespace) -> dict[str, Any] | None:
+    url = prepare_environment()
+    if args.config:
+        os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
+    load_config(args.config)  # fail here, with a clear line, rather than in the UI
+    dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
+    workspace = Path(args.workspace).resolve()
+    command = [dagster, "dev", "-w", str(workspace), "--host", args.host, "--port", str(args.port)]
+    sys.stderr.write(json.dumps({"dagster_home": os.environ["DAGSTER_HOME"], "postgres": url, "command": command}) + "\n")
+    return {"exit_code": subprocess.call(command)}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="idem", description="Exactly-once JSON ingestion into PostgreSQL.")
+    commands = top.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--config", help=f"idem.yaml (default: ${CONFIG_ENV}, else ./idem.yaml)")
+        return sub
+
+    ingest = add("ingest", "ingest files through a connector, in process, exactly once")
+    ingest.add_argument("--connector", required=True)
+    ingest.add_argument("--replay", action="store_true", help="tag the run as a replay (skips count as replay_skip)")
+    ingest.add_argument("files", nargs="+")
+    ingest.set_defaults(func=cmd_ingest)
+    demo = add("demo", "write sample drops and ingest them (then replay one)")
+    demo.add_argument("--records", type=int, default=5000)
+    demo.set_defaults(func=cmd_demo)
+    read = add("read", "print a record type's rows as NDJSON")
+    read.add_argument("record_type")
+    read.add_argument("--commit", help="only rows of this commit id")
+    read.add_argument("--limit", type=int)
+    read.set_defaults(func=cmd_read)
+    ledger = add("ledger", "ledger maintenance")
+    ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
+    purge = ledger_commands.add_parser("purge", help="delete expired ledger rows")
+    purge.add_argument("--config")
+    purge.add_argument("--grace-seconds", type=int, default=3600)
+    purge.set_defaults(func=cmd_ledger_purge)
+    dev = add("dev", "start the embedded PostgreSQL if needed, then dagster dev")
+    dev.add_argument("--workspace", default="workspace.yaml")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=3000)
+    dev.set_defaults(func=cmd_dev)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        output = args.func(args)
+    except (IdemError, CommandError) as exc:
+        sys.stderr.write(f"idem: error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    if output is not None:
+        sys.stdout.write(json.dumps(output, ensure_ascii=False, default=str) + "\n")
+        if "exit_code" in output:
+            return int(output["exit_code"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

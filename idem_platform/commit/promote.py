@@ -1,0 +1,470 @@
+"""The one promoting transaction of a commit (DESIGN §5).
+
+Runs on the driver, opened before the first split is staged and fed the
+accepted attempt of each split in split order. In one PostgreSQL transaction it:
+
+1. re-checks the ledger rows of the batch's files under ``FOR UPDATE`` (still
+   ``in_progress`` and owned by this commit, or nothing is promoted);
+2. takes ``SHARE ROW EXCLUSIVE`` on the record tables (concurrent commits to the
+   same tables serialise; readers are never blocked), then per split and record
+   type widens the table for new fields and inserts the staged rows of the
+   *accepted* attempt only, first occurrence per key, skipping keys already present;
+3. records rejects, the execution log, the ``commits`` row and the ledger results;
+4. drops the staging tables.
+
+A crash before COMMIT leaves nothing visible; a retry after COMMIT finds the
+ledger committed and replays. The insert is a single write into the target:
+the anti-join under the table lock already excludes existing keys, so no
+``ON CONFLICT`` speculative insertion is paid per row.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from idem_platform.catalog import STRING, Column, TableSpec
+from idem_platform.coercion.records import LINE_BITS, LINE_MASK
+from idem_platform.commit.plan import CommitPlan
+from idem_platform.commit.staging import drop_staging, staged_ident
+from idem_platform.errors import RejectRatioExceeded, TransientError
+from idem_platform.faults import checkpoint
+from idem_platform.ledger import Ledger
+from idem_platform.postgres.schema import SCHEMA
+from idem_platform.postgres.tables import (
+    add_column,
+    effective_spec,
+    existing_columns,
+    record_catalog,
+    table_ident,
+)
+
+MAX_NEW_COLUMNS = 32
+
+
+@dataclass(frozen=True)
+class StagedAttempt:
+    """What one task attempt staged, as reported by its commit message."""
+
+    partition: int
+    attempt: str
+    rows: dict[str, int] = field(default_factory=dict)
+    with_extra: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0
+    repeats: dict[str, int] = field(default_factory=dict)  # exact repeats counted, not staged
+
+
+class ClaimLost(TransientError):
+    """The files' ledger rows are no longer this commit's (another run took them)."""
+
+
+def accepted_attempts(plan: CommitPlan, messages: list[StagedAttempt | None]) -> list[StagedAttempt]:
+    """One attempt per input partition: the one whose message reached the driver first.
+
+    Raises:
+        TransientError: a partition has no message (its rows would be lost).
+    """
+    chosen: dict[int, StagedAttempt] = {}
+    for message in messages:
+        if message is not None and message.partition not in chosen:
+            chosen[message.partition] = message
+    missing = set(range(plan.input_partitions)) - set(chosen)
+    if missing:
+        raise TransientError(
+            f"commit messages cover {len(chosen)} of {plan.input_partitions} partitions "
+            f"(missing {sorted(missing)[:5]}); nothing was committed"
+        )
+    return [chosen[p] for p in sorted(chosen)]
+
+
+def _reject_reasons(conn: psycopg.Connection, plan: CommitPlan, attempts: list[str], limit: int = 5) -> list[str]:
+    rows = conn.execute(
+        sql.SQL("SELECT _pos, _errors FROM {} WHERE _attempt = ANY(%s) ORDER BY _pos LIMIT %s").format(
+            staged_ident(plan.rejects_table)
+        ),
+        [attempts, limit],
+    ).fetchall()
+    reasons = []
+    for pos, errors in rows:
+        file = plan.files[pos >> LINE_BITS]
+        messages = "; ".join(e["message"] for e in errors)
+        reasons.append(f"{file.path}:{pos & LINE_MASK}: {messages}")
+    return reasons
+
+
+def _claim(conn: psycopg.Connection, plan: CommitPlan) -> None:
+    rows = conn.execute(
+        f"SELECT key, status, owner FROM {SCHEMA}.ingest_ledger "
+        "WHERE namespace = %s AND key = ANY(%s) ORDER BY key FOR UPDATE",
+        [plan.connector, plan.ledger_keys()],
+    ).fetchall()
+    found = {key: (status, owner) for key, status, owner in rows}
+    for file in {f.key: f for f in plan.files}.values():
+        status, owner = found.get(file.key, (None, None))
+        if status != "in_progress" or owner != plan.owner:
+            raise ClaimLost(
+                f"{file.path} ({file.key}) is {status or 'not in the ledger'}"
+                f"{f' (owner {owner})' if owner and owner != plan.owner else ''}; "
+                "this commit no longer owns it, nothing was committed"
+            )
+
+
+def _extra_keys(conn: psycopg.Connection, stage: sql.Composed, attempts: list[str]) -> list[str]:
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT k FROM {} s, jsonb_object_keys(s._extra) k "
+            "WHERE s._extra IS NOT NULL AND s._attempt = ANY(%s) GROUP BY k ORDER BY min(s._pos), k"
+        ).format(stage),
+        [attempts],
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+@dataclass
+class _Evolution:
+    fill: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    to_props: list[str] = field(default_factory=list)
+
+
+def _insert_rows(
+    conn: psycopg.Connection,
+    plan: CommitPlan,
+    record_type: str,
+    spec: TableSpec,
+    stage: sql.Composed,
+    attempts: list[str],
+    evolution: _Evolution,
+) -> int:
+    typed = [c.name for c in spec.columns]
+    target = [
+        "_idempotency_key", "_connector", "_record_type", "_external_id", "_content_hash",
+        "_schema_version", "_commit_id", "_ingested_at", "_source", "_payload",
+    ] + typed + evolution.fill + ["props"]
+    props = sql.SQL("s._props")
+    if evolution.to_props:
+        props = sql.SQL(
+            "CASE WHEN s._extra ?| %(overcap)s THEN coalesce(s._props, '{}'::jsonb) || "
+            "(SELECT jsonb_object_agg(k, s._payload -> k) FROM jsonb_object_keys(s._extra) k "
+            "WHERE k = ANY(%(overcap)s)) ELSE s._props END"
+        )
+    select = [
+        sql.SQL("s._idempotency_key, %(connector)s, %(record_type)s, s._external_id, s._content_hash, "
+                "%(version)s, %(commit_id)s::uuid, now(), s._source, s._payload")
+    ]
+    select += [
+        sql.SQL("NULLIF(s._payload -> {}, 'null'::jsonb)").format(sql.Literal(c.name))
+        if c.type.kind == "dynamic"
+        else sql.SQL("s.{}").format(sql.Identifier(c.name))
+        for c in spec.columns
+    ]
+    select += [sql.SQL("s._extra ->> {}").format(sql.Literal(name)) for name in evolution.fill]
+    select.append(props)
+    statement = sql.SQL(
+        "INSERT INTO {target} ({columns}) "
+        "SELECT DISTINCT ON (s._idempotency_key) {select} FROM {stage} s "
+        "WHERE s._attempt = ANY(%(attempts)s) AND NOT EXISTS "
+        "(SELECT 1 FROM {target} t WHERE t._idempotency_key = s._idempotency_key) "
+        "ORDER BY s._idempotency_key, s._pos"
+    ).format(
+        target=table_ident(record_type),
+        columns=sql.SQL(", ").join(sql.Identifier(c) for c in target),
+        select=sql.SQL(", ").join(select),
+        stage=stage,
+    )
+    params = {
+        "connector": plan.connector,
+        "record_type": record_type,
+        "version": spec.schema_version,
+        "commit_id": plan.commit_id,
+        "attempts": attempts,
+        "overcap": evolution.to_props,
+    }
+    return conn.execute(statement, params).rowcount
+
+
+def _insert_rejects(conn: psycopg.Connection, plan: CommitPlan, attempts: list[str]) -> int:
+    statement = sql.SQL(
+        "INSERT INTO {rejects} (commit_id, connector, source, position, line, raw, raw_length, reasons) "
+        "SELECT %(commit_id)s::uuid, %(connector)s, f.key, f.sha16 || '#L' || (r._pos & {mask}), "
+        "r._pos & {mask}, r._raw, r._raw_length, r._errors "
+        "FROM {stage} r JOIN unnest(%(idx)s::int[], %(keys)s::text[], %(sha16)s::text[]) "
+        "AS f(idx, key, sha16) ON f.idx = (r._pos >> {bits}) "
+        "WHERE r._attempt = ANY(%(attempts)s) ORDER BY r._pos"
+    ).format(
+        rejects=sql.SQL(f"{SCHEMA}.rejects"),
+        mask=sql.Literal(LINE_MASK),
+        bits=sql.Literal(LINE_BITS),
+        stage=staged_ident(plan.rejects_table),
+    )
+    params = {
+        "commit_id": plan.commit_id,
+        "connector": plan.connector,
+        "idx": list(range(len(plan.files))),
+        "keys": [f.key for f in plan.files],
+        "sha16": [f.sha256[:16] for f in plan.files],
+        "attempts": attempts,
+    }
+    return conn.execute(statement, params).rowcount
+
+
+class Promotion:
+    """The one promoting transaction, fed one accepted attempt (split) at a time.
+
+    Feeding splits *in split order* while later splits are still being staged
+    overlaps PostgreSQL's insert work with the executors' work, and keeps the
+    first occurrence of a repeated key (the earliest split wins, and inside a
+    split the earliest line). Nothing is visible before :meth:`finish` commits;
+    leaving the ``with`` block on an exception rolls everything back.
+
+    Use::
+
+        with Promotion(conn, plan) as promotion:
+            for message in messages_in_split_order:
+                promotion.add(message)
+            result = promotion.finish()
+    """
+
+    def __init__(self, conn: psycopg.Connection, plan: CommitPlan) -> None:
+        self.conn = conn
+        self.plan = plan
+        self.started = time.monotonic()
+        self.accepted: dict[int, StagedAttempt] = {}
+        self.staged = dict.fromkeys(plan.tables, 0)
+        self.written = dict.fromkeys(plan.tables, 0)
+        self.added: dict[str, list[str]] = {rt: [] for rt in plan.tables}
+        self.to_props: dict[str, list[str]] = {rt: [] for rt in plan.tables}
+        self.budget = MAX_NEW_COLUMNS
+        self.insert_seconds = 0.0
+        self._transaction: Any = None
+
+    def __enter__(self) -> Promotion:
+        self._transaction = self.conn.transaction()
+        self._transaction.__enter__()
+        try:
+            # The first-occurrence sort of a split's wide rows fits in memory at this size.
+            self.conn.execute("SET LOCAL work_mem = '256MB'")
+            # Probe the primary key for each staged key (a nested-loop anti-join):
+            # cost grows with the batch, never with the size of the table.
+            self.conn.execute("SET LOCAL enable_hashjoin = off")
+            self.conn.execute("SET LOCAL enable_mergejoin = off")
+            _claim(self.conn, self.plan)
+            for record_type in sorted(self.plan.tables):
+                self.conn.execute(
+                    sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(table_ident(record_type))
+                )
+        except BaseException:
+            self._transaction.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._transaction.__exit__(*exc)
+
+    def add(self, message: StagedAttempt) -> None:
+        """Promote one accepted attempt's rows (inside the open transaction)."""
+        if message.partition in self.accepted:
+            return  # a second report of a partition (speculation): its rows are not ours
+        self.accepted[message.partition] = message
+        started = time.monotonic()
+        for record_type in sorted(self.plan.tables):
+            self.staged[record_type] += message.repeats.get(record_type, 0)
+            count = message.rows.get(record_type, 0)
+            if not count:
+                continue
+            self.staged[record_type] += count
+            spec = self.plan.tables[record_type]
+            stage = staged_ident(self.plan.staging_table(record_type))
+            evolution = _Evolution()
+            if self.plan.evolve and message.with_extra.get(record_type, 0):
+                evolution = self._evolve(record_type, spec, _extra_keys(self.conn, stage, [message.attempt]))
+            self.written[record_type] += _insert_rows(
+                self.conn, self.plan, record_type, spec, stage, [message.attempt], evolution
+            )
+        self.insert_seconds += time.monotonic() - started
+
+    def _evolve(self, record_type: str, spec: TableSpec, keys: list[str]) -> _Evolution:
+        """What each unknown field becomes: a text column (added now, within the budget) or ``props``."""
+        result = _Evolution()
+        columns = existing_columns(self.conn, record_type)
+        for key in keys:
+            type_ = columns.get(key)
+            if type_ == STRING.postgres:
+                result.fill.append(key)
+            elif type_ is None and self.budget > 0:
+                add_column(self.conn, record_type, Column(key, STRING, evolved=True))
+                self.budget -= 1
+                self.added[record_type].append(key)
+                result.fill.append(key)
+            else:
+                result.to_props.append(key)
+                if key not in self.to_props[record_type]:
+                    self.to_props[record_type].append(key)
+        if result.fill:
+            record_catalog(self.conn, effective_spec(spec, existing_columns(self.conn, record_type)))
+        return result
+
+    def finish(self) -> dict[str, Any]:
+        """Check the batch, record everything, commit. Returns the commit's result.
+
+        Raises:
+            TransientError: a partition never reported (nothing is committed).
+            RejectRatioExceeded: the batch is over ``max_reject_ratio``.
+        """
+        plan = self.plan
+        chosen = accepted_attempts(plan, list(self.accepted.values()))
+        attempts = [a.attempt for a in chosen]
+        rejected = sum(a.rejected for a in chosen)
+        total = sum(self.staged.values()) + rejected
+        if total and rejected / total > plan.max_reject_ratio:
+            reasons = _reject_reasons(self.conn, plan, attempts)
+            raise RejectRatioExceeded(
+                f"{rejected} of {total} records rejected ({rejected / total:.1%}), above "
+                f"max_reject_ratio {plan.max_reject_ratio}; nothing was committed. First reasons: "
+                + " | ".join(reasons),
+                rejected=rejected,
+                total=total,
+                reasons=reasons,
+            )
+        checkpoint("before_promote")
+        rows_rejected = _insert_rejects(self.conn, plan, attempts) if rejected else 0
+        assert rows_rejected == rejected, f"staged {rejected} rejects but promoted {rows_rejected}"
+        tables = {
+            rt: {
+                "written": self.written[rt],
+                "skipped": self.staged[rt] - self.written[rt],
+                "new_columns": self.added[rt],
+                "to_props": self.to_props[rt],
+            }
+            for rt in sorted(plan.tables)
+            if self.staged[rt]
+        }
+        rows_written = sum(self.written.values())
+        rows_skipped = sum(self.staged.values()) - rows_written
+        result = {
+            "commit_id": plan.commit_id,
+            "connector": plan.connector,
+            "run_id": plan.run_id,
+            "rows_written": rows_written,
+            "rows_skipped": rows_skipped,
+            "rows_rejected": rows_rejected,
+            "replayed": False,
+            "files": plan.sources(),
+            "tables": tables,
+            "schema_versions": {rt: plan.tables[rt].schema_version for rt in sorted(plan.tables)},
+            "timings": {"insert_seconds": round(self.insert_seconds, 3)},
+        }
+        _record_commit(self.conn, plan, result, replay=False)
+        _log(self.conn, plan.commit_id, rows_written, rows_skipped, rows_rejected, replay=plan.replay)
+        ledger = Ledger(self.conn, plan.connector, replay_window=timedelta(seconds=plan.replay_window_seconds))
+        for key in plan.ledger_keys():
+            ledger.commit(key, result, owner=plan.owner)
+        drop_staging(self.conn, plan)
+        checkpoint("during_promote")
+        finishing = time.monotonic()
+        self._transaction.__exit__(None, None, None)
+        self._transaction = _Done()
+        result["timings"]["commit_seconds"] = round(time.monotonic() - finishing, 3)
+        checkpoint("after_promote")
+        return result
+
+
+class _Done:
+    """The transaction already committed by :meth:`Promotion.finish`."""
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def promote(conn: psycopg.Connection, plan: CommitPlan, messages: list[StagedAttempt | None]) -> dict[str, Any]:
+    """Promote every accepted attempt at once (all messages already collected).
+
+    Raises:
+        RejectRatioExceeded: the batch is over ``max_reject_ratio``; nothing committed.
+        ClaimLost: another run owns or committed the files; nothing committed.
+        TransientError: a partition has no message; nothing committed.
+    """
+    chosen = accepted_attempts(plan, messages)
+    with Promotion(conn, plan) as promotion:
+        for message in chosen:
+            promotion.add(message)
+        return promotion.finish()
+
+
+def _record_commit(conn: psycopg.Connection, plan: CommitPlan, result: dict[str, Any], *, replay: bool) -> None:
+    conn.execute(
+        f"""
+        INSERT INTO {SCHEMA}.commits (commit_id, run_id, connector, started_at, rows_written,
+            rows_skipped, rows_rejected, replay, sources, valid_through, schema_versions, tables)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now() + %s, %s, %s)
+        """,
+        [
+            result["commit_id"], plan.run_id, plan.connector, plan.started_at,
+            result["rows_written"], result["rows_skipped"], result["rows_rejected"], replay,
+            Jsonb(plan.sources()), timedelta(seconds=plan.replay_window_seconds),
+            Jsonb(result.get("schema_versions", {})), Jsonb(result.get("tables", {})),
+        ],
+    )
+
+
+def _log(conn: psycopg.Connection, commit_id: str, written: int, skipped: int, rejected: int, *, replay: bool) -> None:
+    events = {
+        "written": written,
+        "replay_skip" if replay else "idempotent_skip": skipped,
+        "rejected": rejected,
+    }
+    with conn.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {SCHEMA}.execution_log (commit_id, event_type, count) VALUES (%s, %s, %s)",
+            [(commit_id, event, count) for event, count in events.items() if count],
+        )
+
+
+def record_replay(conn: psycopg.Connection, plan: CommitPlan, priors: list[dict[str, Any]]) -> dict[str, Any]:
+    """Record a run whose files were all committed before: a ``replay`` commit, nothing else.
+
+    Every record of the files counts as ``replay_skip``; ``prior`` carries the
+    original commits' counts. Runs in its own transaction.
+    """
+    skipped = sum(p.get("rows_written", 0) + p.get("rows_skipped", 0) + p.get("rows_rejected", 0) for p in _unique(priors))
+    result = {
+        "commit_id": plan.commit_id,
+        "connector": plan.connector,
+        "run_id": plan.run_id,
+        "rows_written": 0,
+        "rows_skipped": skipped,
+        "rows_rejected": 0,
+        "replayed": True,
+        "files": plan.sources(),
+        "prior": _prior(priors),
+    }
+    with conn.transaction():
+        _record_commit(conn, plan, result, replay=True)
+        _log(conn, plan.commit_id, 0, skipped, 0, replay=True)
+    return result
+
+
+def _unique(priors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for prior in priors:
+        seen.setdefault(str(prior.get("commit_id")), prior)
+    return list(seen.values())
+
+
+def _prior(priors: list[dict[str, Any]]) -> dict[str, Any]:
+    unique = _unique(priors)
+    if len(unique) == 1:
+        p = unique[0]
+        return {k: p.get(k) for k in ("commit_id", "rows_written", "rows_skipped", "rows_rejected")}
+    return {
+        "commit_ids": [p.get("commit_id") for p in unique],
+        **{k: sum(p.get(k, 0) for p in unique) for k in ("rows_written", "rows_skipped", "rows_rejected")},
+    }
+

@@ -1,0 +1,286 @@
+"""``idem.yaml``: the one file that declares connectors, tables, migrations and Spark.
+
+Parsed into typed pydantic models. Every error names the file, the dotted key
+(``connectors[0].max_reject_ratio``), its line when known, and what is wrong, so
+a user can fix the file without reading our code. ``${VAR}`` and
+``${VAR:-default}`` in string values are resolved from the environment at load.
+Relative paths are relative to the file itself, not to the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from idem_platform.catalog import Column, ColumnType, TableSpec, is_safe_column_name
+from idem_platform.errors import ConfigError
+from idem_platform.keys import NAME_PATTERN
+
+CONFIG_ENV = "IDEM_CONFIG"
+SPARK_MASTER_ENV = "IDEM_SPARK_MASTER"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NAME = NAME_PATTERN.pattern
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ColumnConfig(_Model):
+    """A column: ``confidence: int`` or ``name: {type: string, required: true}``."""
+
+    type: str
+    required: bool = False
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        ColumnType.parse(value)
+        return value
+
+
+class TableConfig(_Model):
+    """A record type's table (``idem.<record_type>``)."""
+
+    schema_version: int = Field(1, ge=1, description="Bumped only on breaking changes.")
+    columns: dict[str, ColumnConfig] = Field(default_factory=dict)
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: {"type": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @field_validator("columns")
+    @classmethod
+    def _column_names(cls, value: dict[str, ColumnConfig]) -> dict[str, ColumnConfig]:
+        for name in value:
+            if not is_safe_column_name(name):
+                raise ValueError(
+                    f"column name {name!r} must match ^[a-z_][a-z0-9_]{{0,62}}$ and must not "
+                    "start with '_' or be 'props' (reserved for system columns)"
+                )
+        return value
+
+
+class ConnectorConfig(_Model):
+    """One source of records and how its records become rows."""
+
+    name: str = Field(pattern=f"^{_NAME}$", description="[a-z0-9_-]{1,64}")
+    kind: Literal["filedrop", "kafka", "http"]
+    path: Path | None = Field(None, description="filedrop: the watched directory.")
+    record_type_field: str | None = Field(None, description="Field whose value names the table.")
+    record_type: str | None = Field(None, description="One fixed record type for every record.")
+    id_field: str = Field("id", description="Field holding the record's external id.")
+    schema_evolve: bool | None = Field(None, description="Default: true for filedrop/http.")
+    missing_id: Literal["position", "content", "reject"] = "position"
+    max_reject_ratio: float = Field(1.0, ge=0.0, le=1.0)
+    max_line_bytes: int = Field(1 << 20, ge=64, description="Longer lines are rejects.")
+    split_bytes: int = Field(64 << 20, ge=1 << 16, description="Bytes per Spark read split.")
+    sensor_interval_seconds: int = Field(15, ge=1)
+    max_attempts: int = Field(3, ge=1, description="Automatic sensor retries of a failed file.")
+    bootstrap_servers: str | None = None
+    topics: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _routing(self) -> ConnectorConfig:
+        if (self.record_type is None) == (self.record_type_field is None):
+            raise ValueError("set exactly one of 'record_type' (fixed) or 'record_type_field'")
+        if self.kind == "filedrop" and self.path is None:
+            raise ValueError("a filedrop connector needs 'path' (the watched directory)")
+        return self
+
+    @property
+    def evolve(self) -> bool:
+        """Whether unknown fields widen the table (DESIGN §3 defaults per kind)."""
+        if self.schema_evolve is not None:
+            return self.schema_evolve
+        return self.kind != "kafka"
+
+
+class SparkConfig(_Model):
+    """How to reach Spark; ``IDEM_SPARK_MASTER`` overrides ``master``."""
+
+    master: str | None = None
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
+
+
+class IdemConfig(_Model):
+    """The whole ``idem.yaml``."""
+
+    connectors: list[ConnectorConfig] = Field(default_factory=list)
+    tables: dict[str, TableConfig] = Field(default_factory=dict)
+    migrations: list[str] = Field(default_factory=list)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    source: Path | None = Field(None, exclude=True, description="The file this was read from.")
+
+    @field_validator("tables")
+    @classmethod
+    def _table_names(cls, value: dict[str, TableConfig]) -> dict[str, TableConfig]:
+        for name in value:
+            if NAME_PATTERN.fullmatch(name) is None:
+                raise ValueError(f"record type {name!r} must match [a-z0-9_-]{{1,64}}")
+        return value
+
+    @model_validator(mode="after")
+    def _references(self) -> IdemConfig:
+        seen: set[str] = set()
+        for connector in self.connectors:
+            if connector.name in seen:
+                raise ValueError(f"connector name {connector.name!r} is used twice")
+            seen.add(connector.name)
+            if connector.record_type is not None and connector.record_type not in self.tables:
+                raise ValueError(
+                    f"connector {connector.name!r}: record_type {connector.record_type!r} is not "
+                    f"in tables ({', '.join(sorted(self.tables)) or 'none declared'})"
+                )
+        return self
+
+    @cached_property
+    def table_specs(self) -> dict[str, TableSpec]:
+        """The declared tables as catalog specs."""
+        return {
+            name: TableSpec(
+                name,
+                table.schema_version,
+                tuple(
+                    Column(col, ColumnType.parse(cfg.type), cfg.required)
+                    for col, cfg in table.columns.items()
+                ),
+            )
+            for name, table in self.tables.items()
+        }
+
+    def connector(self, name: str) -> ConnectorConfig:
+        """The connector called ``name``.
+
+        Raises:
+            ConfigError: naming the connectors that exist.
+        """
+        for connector in self.connectors:
+            if connector.name == name:
+                return connector
+        known = ", ".join(c.name for c in self.connectors) or "none"
+        raise ConfigError(f"no connector named {name!r} (known: {known})", path=_str(self.source))
+
+    def tables_for(self, connector: ConnectorConfig) -> dict[str, TableSpec]:
+        """The tables a connector may write: its fixed type, or every table when routed."""
+        if connector.record_type is not None:
+            return {connector.record_type: self.table_specs[connector.record_type]}
+        return dict(self.table_specs)
+
+    def spark_master(self) -> str:
+        """``IDEM_SPARK_MASTER``, else ``spark.master``, else ``local[*]``."""
+        return os.environ.get(SPARK_MASTER_ENV) or self.spark.master or "local[*]"
+
+
+def _str(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
+
+
+def _resolve_env(value: Any, where: str, path: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _resolve_env(v, f"{where}.{k}" if where else str(k), path) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_env(v, f"{where}[{i}]", path) for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"environment variable {name} is not set", path=path, key=where)
+
+        return _ENV_REF.sub(substitute, value)
+    return value
+
+
+def _line_of(root: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
+    """The 1-based line of the YAML node at ``loc`` (or its nearest parent)."""
+    node = root
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = next((v for k, v in node.value if getattr(k, "value", None) == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            nxt = node.value[part]
+        else:
+            nxt = None
+        if nxt is None:
+            break
+        node = nxt
+        line = node.start_mark.line + 1
+    return line
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_config(text: str, path: Path | None = None) -> IdemConfig:
+    """Parse the text of an ``idem.yaml``.
+
+    Raises:
+        ConfigError: for YAML syntax, unknown keys, wrong types, bad names, unset
+            environment variables and dangling references; the message names the
+            file, the key and its line.
+    """
+    where = str(path) if path else "idem.yaml"
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", path=where) from exc
+    if not isinstance(data, dict):
+        raise ConfigError("the top level must be a mapping (connectors:, tables:, ...)", path=where)
+    data = _resolve_env(data, "", where)
+    base = path.parent if path else Path.cwd()
+    for connector in data.get("connectors") or []:
+        if isinstance(connector, dict) and isinstance(connector.get("path"), str):
+            connector["path"] = str((base / connector["path"]).resolve())
+    try:
+        config = IdemConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            line = _line_of(root, loc)
+            key = _dotted(loc) or "(top level)"
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{key}{f' (line {line})' if line else ''}: {message}")
+        raise ConfigError("; ".join(problems), path=where) from None
+    return config.model_copy(update={"source": path})
+
+
+def load_config(path: str | Path | None = None) -> IdemConfig:
+    """Load ``idem.yaml`` from ``path``, else ``$IDEM_CONFIG``, else ``./idem.yaml``.
+
+    Raises:
+        ConfigError: the file is missing or invalid.
+    """
+    chosen = path or os.environ.get(CONFIG_ENV) or "idem.yaml"
+    resolved = Path(chosen).expanduser().resolve()
+    if not resolved.is_file():
+        raise ConfigError(
+            f"config file not found: {resolved} (pass --config PATH or set {CONFIG_ENV})"
+        )
+    return parse_config(resolved.read_text(encoding="utf-8"), resolved)

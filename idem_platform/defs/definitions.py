@@ -1,0 +1,61 @@
+"""Build the whole code location from an :class:`IdemConfig` (the asset factory's entry point)."""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from idem_platform.config import IdemConfig
+from idem_platform.defs.filedrop.definitions import filedrop_definitions
+from idem_platform.defs.io_managers import SparkPlanIOManager, WarehouseIOManager
+from idem_platform.defs.maintenance import ledger_purge_job, ledger_purge_schedule
+from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.errors import ConfigError
+from idem_platform.postgres.connection import POSTGRES_URL_ENV
+from idem_platform.spark.session import spark_config_for
+
+
+def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dict[str, object]:
+    """``postgres``, ``spark`` and the two IO managers, configured from ``config``.
+
+    Args:
+        config: the parsed idem.yaml.
+        postgres_url: an explicit URL (tests, embedding); default ``IDEM_POSTGRES_URL``
+            as a Dagster ``EnvVar`` (read at launch, hidden in the UI), else embedded.
+    """
+    url: str | dg.EnvVar | None = postgres_url
+    if url is None and os.environ.get(POSTGRES_URL_ENV):
+        url = dg.EnvVar(POSTGRES_URL_ENV)
+    postgres = PostgresResource(url=url)
+    spark = SparkResource(spark_config=spark_config_for(config.spark_master(), dict(config.spark.conf)))
+    return {
+        "postgres": postgres,
+        "spark": spark,
+        "spark_plan_io_manager": SparkPlanIOManager(),
+        "warehouse_io_manager": WarehouseIOManager(postgres=postgres, spark=spark),
+    }
+
+
+def build_definitions(config: IdemConfig, *, postgres_url: str | None = None) -> dg.Definitions:
+    """Definitions for every connector in ``config`` plus the shared resources and schedules.
+
+    Raises:
+        ConfigError: a connector kind this version cannot run.
+    """
+    parts = []
+    for connector in config.connectors:
+        if connector.kind != "filedrop":
+            raise ConfigError(
+                f"connector {connector.name!r}: kind {connector.kind!r} is not available in this "
+                "version (only 'filedrop')",
+                path=str(config.source) if config.source else None,
+                key="connectors",
+            )
+        parts.append(filedrop_definitions(config, connector))
+    base = dg.Definitions(
+        jobs=[ledger_purge_job],
+        schedules=[ledger_purge_schedule],
+        resources=resources_for(config, postgres_url=postgres_url),
+    )
+    return dg.Definitions.merge(base, *parts)

@@ -1,0 +1,1 @@
+"""The file-drop domain: per-connector assets, partitions, sensor and checks."""

@@ -1,0 +1,166 @@
+"""Asset checks next to their assets: pandera on ``coerced``, commit consistency and reject ratio on ``committed``."""
+
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+import pyarrow.compute as pc
+
+from idem_platform.catalog import TableSpec
+from idem_platform.config import ConnectorConfig
+from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.pipeline import CoercedBatch
+from idem_platform.postgres.schema import SCHEMA
+from idem_platform.postgres.tables import table_ident
+from idem_platform.spark.sample import coerced_sample
+
+if TYPE_CHECKING:
+    import pandera.pandas as pa
+
+SAMPLE_ROWS = 2000
+KEY_PATTERN = r"^[a-z0-9_-]{1,64}:[a-z0-9_-]{1,64}:.+:[0-9a-f]{12}$"
+_PANDAS_DTYPES = {"bool": "boolean", "int": "Int32", "long": "Int64", "real": "Float64", "string": "string"}
+
+
+def pandera_schema(spec: TableSpec) -> "pa.DataFrameSchema":
+    """The data contract of one record type's coerced rows (system columns + typed columns).
+
+    pandera is imported here, not at module load: it takes a second to import and
+    only this check needs it.
+    """
+    import pandera.pandas as pa
+
+    columns: dict[str, pa.Column] = {
+        # Not unique: a key repeated in the batch is legitimate (it is skipped at commit).
+        "_idempotency_key": pa.Column(str, pa.Check.str_matches(KEY_PATTERN)),
+        "_content_hash": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{40}$")),
+        "_payload": pa.Column(str, nullable=False),
+    }
+    for column in spec.columns:
+        checks = []
+        if column.type.kind == "vector":
+            dim = column.type.dim
+            checks.append(pa.Check(lambda s, dim=dim: s.dropna().map(len) == dim, name=f"length_{dim}"))
+        dtype = _PANDAS_DTYPES.get(column.type.kind)
+        columns[column.name] = pa.Column(dtype, checks=checks, nullable=not column.required, coerce=dtype is not None)
+    return pa.DataFrameSchema(columns, strict=False)
+
+
+def build_checks(connector: ConnectorConfig, coerced_key: dg.AssetKey, committed_key: dg.AssetKey) -> list[dg.AssetChecksDefinition]:
+    """The connector's asset checks."""
+
+    @dg.asset_check(
+        asset=coerced_key,
+        name="pandera_contract",
+        blocking=True,
+        description=(
+            f"Validates a sample (the first {SAMPLE_ROWS} rows, coerced on an executor) of the coerced "
+            "frame against a pandera "
+            "schema built from the catalog: key format, content hashes, types, required columns, vector "
+            "lengths. Blocking: a failure stops the commit."
+        ),
+    )
+    def pandera_contract(
+        context: dg.AssetCheckExecutionContext, coerced: CoercedBatch, spark: SparkResource
+    ) -> dg.AssetCheckResult:
+        if coerced.batch.fully_replayed:
+            return dg.AssetCheckResult(passed=True, metadata={"skipped": "all files already committed"})
+        started = time.monotonic()
+        session = spark.spark_session
+        ready = time.monotonic()
+        sample = coerced_sample(session, coerced.batch.pending, coerced.spec(), SAMPLE_ROWS)
+        sampled = time.monotonic()
+        context.log.debug(
+            "pandera sample: %.2fs waiting for Spark, %.2fs sampling", ready - started, sampled - ready
+        )
+        failures: dict[str, Any] = {}
+        checked: dict[str, int] = {}
+        for record_type, spec in sorted(coerced.tables.items()):
+            rows = sample.filter(pc.equal(sample.column("_record_type"), record_type))
+            if rows.num_rows == 0:
+                continue
+            frame = rows.select(["_idempotency_key", "_content_hash", "_payload"]).to_pandas()
+            typed = rows.column(record_type).combine_chunks().flatten()
+            for index, column in enumerate(spec.columns):
+                frame[column.name] = typed[index].to_pandas()
+            checked[record_type] = rows.num_rows
+            from pandera.errors import SchemaErrors
+
+            try:
+                pandera_schema(spec).validate(frame, lazy=True)
+            except SchemaErrors as exc:
+                failures[record_type] = exc.failure_cases.head(10).astype(str).to_dict("records")
+        return dg.AssetCheckResult(
+            passed=not failures,
+            metadata={"rows_checked": dg.MetadataValue.json(checked), "failures": dg.MetadataValue.json(failures)},
+        )
+
+    @dg.asset_check(
+        asset=committed_key,
+        name="commit_consistency",
+        description=(
+            "The partition's latest commit is whole: each table holds exactly the rows the commit "
+            "says it wrote, no key twice, and written + skipped + rejected covers every record."
+        ),
+    )
+    def commit_consistency(context: dg.AssetCheckExecutionContext, postgres: PostgresResource) -> dg.AssetCheckResult:
+        summary = _latest_summary(context, committed_key)
+        if summary is None:
+            return dg.AssetCheckResult(passed=False, metadata={"error": "no materialization with a summary"})
+        if summary.get("replayed"):
+            return dg.AssetCheckResult(passed=True, metadata={"replay_of": dg.MetadataValue.json(summary.get("prior"))})
+        problems = []
+        found: dict[str, int] = {}
+        with postgres.connection() as conn:
+            for record_type, counts in (summary.get("tables") or {}).items():
+                row = conn.execute(
+                    f"SELECT count(*), count(DISTINCT _idempotency_key) FROM {table_ident(record_type).as_string(conn)} "
+                    "WHERE _commit_id = %s",
+                    [summary["commit_id"]],
+                ).fetchone()
+                assert row is not None
+                found[record_type] = int(row[0])
+                if row[0] != counts["written"] or row[0] != row[1]:
+                    problems.append(f"{record_type}: commit says {counts['written']}, table holds {row[0]} ({row[1]} distinct)")
+            rejects = conn.execute(
+                f"SELECT count(*) FROM {SCHEMA}.rejects WHERE commit_id = %s", [summary["commit_id"]]
+            ).fetchone()
+            assert rejects is not None
+            if rejects[0] != summary["rows_rejected"]:
+                problems.append(f"rejects: commit says {summary['rows_rejected']}, table holds {rejects[0]}")
+        return dg.AssetCheckResult(
+            passed=not problems,
+            metadata={"rows_found": dg.MetadataValue.json(found), "problems": dg.MetadataValue.json(problems)},
+        )
+
+    @dg.asset_check(
+        asset=committed_key,
+        name="reject_ratio",
+        description=(
+            "Warns when the partition's last commit rejected more than 1% of its records "
+            f"(the batch fails outright above max_reject_ratio={connector.max_reject_ratio})."
+        ),
+    )
+    def reject_ratio(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        summary = _latest_summary(context, committed_key) or {}
+        total = sum(int(summary.get(k, 0)) for k in ("rows_written", "rows_skipped", "rows_rejected"))
+        ratio = (int(summary.get("rows_rejected", 0)) / total) if total else 0.0
+        return dg.AssetCheckResult(
+            passed=ratio <= 0.01,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"reject_ratio": dg.MetadataValue.float(ratio), "records": dg.MetadataValue.int(total)},
+        )
+
+    return [pandera_contract, commit_consistency, reject_ratio]
+
+
+def _latest_summary(context: dg.AssetCheckExecutionContext, key: dg.AssetKey) -> dict[str, Any] | None:
+    partition = context.run.tags.get("dagster/partition")
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None), limit=1
+    ).records
+    if not records or records[0].asset_materialization is None:
+        return None
+    value = records[0].asset_materialization.metadata.get("summary")
+    return dict(value.value) if value is not None else None  # type: ignore[arg-type]

@@ -1,0 +1,32 @@
+"""Everything one file-drop connector contributes: assets, checks, job, sensor."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.defs.filedrop.assets import asset_keys, build_filedrop_assets
+from idem_platform.defs.filedrop.checks import build_checks
+from idem_platform.defs.filedrop.partitions import partitions_for
+from idem_platform.defs.filedrop.sensors import build_filedrop_sensor
+
+
+def job_name(connector: ConnectorConfig) -> str:
+    return f"{connector.name.replace('-', '_')}_ingest"
+
+
+def filedrop_definitions(config: IdemConfig, connector: ConnectorConfig) -> dg.Definitions:
+    """Assets, checks, the ingest job and the sensor of ``connector``."""
+    partitions = partitions_for(connector)
+    assets = build_filedrop_assets(config, connector, partitions)
+    ingest_key, coerced_key, committed_key = asset_keys(connector)
+    checks = build_checks(connector, coerced_key, committed_key)
+    job = dg.define_asset_job(
+        name=job_name(connector),
+        selection=dg.AssetSelection.assets(*asset_keys(connector)),
+        partitions_def=partitions,
+        executor_def=dg.in_process_executor,
+        description=f"Ingest, coerce and commit one drop of {connector.name} exactly once.",
+    )
+    sensor = build_filedrop_sensor(connector, job, partitions, ingest_key.to_python_identifier())
+    return dg.Definitions(assets=assets, asset_checks=checks, jobs=[job], sensors=[sensor])

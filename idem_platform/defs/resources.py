@@ -1,0 +1,91 @@
+"""Resources: PostgreSQL (``postgres``) and Spark (``spark``), each owning its I/O.
+
+``postgres`` takes ``IDEM_POSTGRES_URL`` or starts the embedded server, and
+brings the ``idem`` schema up to date when a run starts (versioned DDL under an
+advisory lock, so concurrent runs are safe). ``spark`` is dagster-pyspark's lazy
+session resource with idem's defaults: a run whose files are all replays never
+starts a JVM.
+"""
+
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dagster as dg
+import psycopg
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field, PrivateAttr
+
+from idem_platform.postgres import connect, ensure_schema, resolve_postgres_url
+
+
+class PostgresResource(dg.ConfigurableResource):
+    """PostgreSQL for the ledger, the catalog and the warehouse tables.
+
+    Leave ``url`` unset to use ``IDEM_POSTGRES_URL`` or, without it, the embedded
+    server under ``.idem/`` (started on first use, kept running).
+    """
+
+    url: str | None = Field(
+        default=None,
+        description="libpq URL; unset = $IDEM_POSTGRES_URL, else the embedded server under .idem/",
+    )
+    _resolved: str | None = PrivateAttr(default=None)
+
+    @property
+    def resolved_url(self) -> str:
+        """The URL actually used (starting the embedded server if that is the default)."""
+        if self._resolved is None:
+            self._resolved = resolve_postgres_url(self.url)
+        return self._resolved
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        with connect(self.resolved_url, autocommit=True) as conn:
+            applied = ensure_schema(conn)
+        if applied and context.log:
+            context.log.info("idem schema upgraded to versions %s", applied)
+
+    @contextmanager
+    def connection(self, *, autocommit: bool = False) -> Iterator[psycopg.Connection]:
+        """A short-lived connection (closed on exit)."""
+        with connect(self.resolved_url, autocommit=autocommit) as conn:
+            yield conn
+
+
+WARM_UP_TAG = "idem/file_key"
+
+
+class SparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazy session with idem's defaults and data sources registered.
+
+    ``spark_config`` takes any Spark setting; ``spark.master`` defaults to the
+    value from ``IDEM_SPARK_MASTER``, ``idem.yaml`` or ``local[*]``.
+    """
+
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False
+
+    def _init_session(self) -> None:
+        if self._spark_session is None:
+            from idem_platform.spark.session import build_session
+
+            self._spark_session = build_session({k: str(v) for k, v in self.spark_config.items()})
+
+    @property
+    def master(self) -> str:
+        return str(self.spark_config.get("spark.master", "local[*]"))
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        # Runs the sensor launched are for files not committed yet: they will
+        # need Spark, so start it now, in the background, while the first steps run.
+        run = context.dagster_run
+        if run is not None and WARM_UP_TAG in run.tags:
+            from idem_platform.spark.session import warm_up
+
+            warm_up({k: str(v) for k, v in self.spark_config.items()})
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        # The session lives as long as the process (code servers reuse it).
+        return None
+

@@ -1,0 +1,57 @@
+"""Named crash points for tests: prove that a crash at any step leaves nothing half-done.
+
+``IDEM_FAULT=<point>:<action>[:<arg>][:<key>=<value>,...]`` arms one point in every
+process that inherits the environment (the driver, Spark's Python workers) or gets
+it through ``spark.executorEnv.IDEM_FAULT`` (a cluster's executors):
+
+* ``pause:<marker path>`` writes the marker and sleeps, so a test can SIGKILL the
+  whole process group at exactly that moment (a machine that dies);
+* ``sleep:<seconds>`` slows the point down (a straggler, for speculation);
+* ``crash`` kills the current process with SIGKILL;
+* ``raise`` raises :class:`InjectedFault` (a clean failure).
+
+The optional filters match the keyword arguments the checkpoint passes, e.g.
+``staging:sleep:30:split=0,attempt=0`` slows only the first attempt of split 0.
+Unset (always, in production) every checkpoint is a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+FAULT_ENV = "IDEM_FAULT"
+POINTS = ("before_stage", "staging", "before_promote", "during_promote", "after_promote")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a ``raise`` fault."""
+
+
+def checkpoint(point: str, **context: object) -> None:
+    """Fire the armed fault if it is armed for ``point`` (and its filters match ``context``)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    name, _, rest = spec.partition(":")
+    if name != point:
+        return
+    parts = rest.split(":")
+    action = parts[0]
+    arg = parts[1] if len(parts) > 1 else ""
+    if len(parts) > 2 and parts[2]:
+        wanted = dict(item.split("=", 1) for item in parts[2].split(","))
+        if any(str(context.get(key)) != value for key, value in wanted.items()):
+            return
+    if action == "pause":
+        Path(arg).write_text(str(os.getpid()))
+        while True:
+            time.sleep(3600)
+    if action == "sleep":
+        time.sleep(float(arg))
+    if action == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "raise":
+        raise InjectedFault(f"fault injected at {point}")

@@ -1,0 +1,128 @@
+"""Record-type tables ``idem.<record_type>``: created and widened from the catalog, never narrowed.
+
+At start-up the declared catalog is reconciled with PostgreSQL under the DDL
+advisory lock: missing tables are created, missing columns added (nullable),
+and a column whose type differs from the declaration is a configuration error
+(DESIGN §3: columns are never dropped, narrowed or retyped). Text columns found
+in PostgreSQL but not declared were added by schema evolution; they join the
+effective spec so later batches fill them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+from psycopg import sql
+
+from idem_platform.catalog import STRING, SYSTEM_COLUMNS, Column, TableSpec
+from idem_platform.errors import ConfigError
+from idem_platform.postgres.schema import DDL_LOCK_ID, SCHEMA
+
+
+def table_ident(record_type: str) -> sql.Composed:
+    """``idem."<record_type>"``, quoted (record types may contain ``-``)."""
+    return sql.SQL("{}.{}").format(sql.Identifier(SCHEMA), sql.Identifier(record_type))
+
+
+def existing_columns(conn: psycopg.Connection, record_type: str) -> dict[str, str]:
+    """``{column: formatted type}`` of ``idem.<record_type>``; empty when it does not exist."""
+    rows = conn.execute(
+        """
+        SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+        FROM pg_attribute a
+        JOIN pg_class c ON c.oid = a.attrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY a.attnum
+        """,
+        [SCHEMA, record_type],
+    ).fetchall()
+    return {name: type_ for name, type_ in rows}
+
+
+def _create(conn: psycopg.Connection, spec: TableSpec) -> None:
+    parts = [sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(ddl)) for n, ddl in SYSTEM_COLUMNS]
+    parts += [
+        sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type.postgres)) for c in spec.columns
+    ]
+    parts.append(sql.SQL("props jsonb"))
+    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(table_ident(spec.record_type), sql.SQL(", ").join(parts)))
+    conn.execute(
+        sql.SQL("CREATE INDEX {} ON {} (_commit_id)").format(
+            sql.Identifier(f"{spec.record_type}_commit_id"[:63]), table_ident(spec.record_type)
+        )
+    )
+
+
+def add_column(conn: psycopg.Connection, record_type: str, column: Column) -> None:
+    """``ALTER TABLE … ADD COLUMN`` (nullable, so old rows read null)."""
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+            table_ident(record_type), sql.Identifier(column.name), sql.SQL(column.type.postgres)
+        )
+    )
+
+
+def effective_spec(spec: TableSpec, columns: dict[str, str]) -> TableSpec:
+    """The declared spec plus text columns that evolution added earlier."""
+    system = {name for name, _ in SYSTEM_COLUMNS} | {"props"}
+    declared = set(spec.column_names())
+    evolved = [
+        name
+        for name, type_ in columns.items()
+        if name not in system and name not in declared and type_ == STRING.postgres
+    ]
+    return spec.with_evolved(evolved)
+
+
+def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[str, TableSpec]:
+    """Create/widen every declared table; return the effective specs.
+
+    Runs in its own transaction under the DDL advisory lock.
+
+    Raises:
+        ConfigError: a declared column exists with another type.
+    """
+    effective: dict[str, TableSpec] = {}
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_ID])
+        for name, spec in specs.items():
+            columns = existing_columns(conn, name)
+            if not columns:
+                _create(conn, spec)
+                columns = existing_columns(conn, name)
+            for column in spec.columns:
+                found = columns.get(column.name)
+                if found is None:
+                    add_column(conn, name, column)
+                elif found != column.type.postgres:
+                    raise ConfigError(
+                        f"column {column.name!r} of table idem.{name} is {found} in PostgreSQL but "
+                        f"{column.type} ({column.type.postgres}) in idem.yaml; columns are never "
+                        "retyped or narrowed (add a new column, or bump schema_version with a migration)",
+                        key=f"tables.{name}.columns.{column.name}",
+                    )
+            effective[name] = effective_spec(spec, existing_columns(conn, name))
+            record_catalog(conn, effective[name])
+    return effective
+
+
+def record_catalog(conn: psycopg.Connection, spec: TableSpec) -> None:
+    """Upsert the ``idem.catalog`` row of a record type."""
+    columns = [
+        {"name": c.name, "type": str(c.type), "required": c.required, "evolved": c.evolved}
+        for c in spec.columns
+    ]
+    conn.execute(
+        f"""
+        INSERT INTO {SCHEMA}.catalog (record_type, schema_version, columns, updated_at)
+        VALUES (%s, %s, %s, now())
+        ON CONFLICT (record_type) DO UPDATE
+        SET schema_version = EXCLUDED.schema_version, columns = EXCLUDED.columns,
+            updated_at = now()
+        WHERE catalog.columns IS DISTINCT FROM EXCLUDED.columns
+           OR catalog.schema_version IS DISTINCT FROM EXCLUDED.schema_version
+        """,
+        [spec.record_type, spec.schema_version, json.dumps(columns)],
+    )

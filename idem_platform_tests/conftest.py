@@ -1,0 +1,182 @@
+"""Shared fixtures: real PostgreSQL (one database per test module), one Spark session, configs.
+
+PostgreSQL: ``IDEM_TEST_POSTGRES_URL``, else the server on 127.0.0.1:5432, else an
+embedded ``pgserver`` started for the session. Every test module gets its own
+database, so modules never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pyarrow as pa
+import pytest
+from psycopg import sql
+
+from idem_platform.config import IdemConfig, parse_config
+from idem_platform.postgres import connect, ensure_schema
+from idem_platform.postgres.tables import sync_tables
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _spec_dir() -> Path:
+    """``../shared/spec`` next to the checkout (``IDEM_SPEC_DIR`` overrides; ancestors are searched)."""
+    explicit = os.environ.get("IDEM_SPEC_DIR")
+    if explicit:
+        return Path(explicit)
+    for ancestor in REPO.parents:
+        candidate = ancestor / "shared" / "spec"
+        if candidate.is_dir():
+            return candidate
+    return REPO.parent / "shared" / "spec"
+
+
+SPEC_DIR = _spec_dir()
+EXAMPLE_CONFIG = REPO / "examples" / "threatfeed" / "idem.yaml"
+LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _reachable(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=3):
+            return True
+    except psycopg.Error:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A URL of a server where tests may create databases."""
+    explicit = os.environ.get("IDEM_TEST_POSTGRES_URL")
+    if explicit:
+        yield explicit
+        return
+    if _reachable(LOCAL_SERVER):
+        yield LOCAL_SERVER
+        return
+    import pgserver
+
+    data = Path(tempfile.mkdtemp(prefix="idem-test-pg-"))
+    server = pgserver.get_server(data, cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _with_database(url: str, database: str) -> str:
+    """The same server URL pointing at another database (URL form: Dagster needs URLs)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="module")
+def pg_url(postgres_server: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database for this test module, with the idem schema; dropped afterwards."""
+    module = re.sub(r"[^a-z0-9_]", "_", request.module.__name__.rsplit(".", 1)[-1].lower())[:30]
+    database = f"idem_{module}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    url = _with_database(postgres_server, database)
+    with connect(url, autocommit=True) as conn:
+        ensure_schema(conn)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """The one SparkSession of the test session (local[2], UI off)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from idem_platform.spark.session import build_session
+
+    session = build_session(
+        {
+            "spark.master": "local[2]",
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.driver.memory": "1g",
+        }
+    )
+    yield session
+    session.stop()
+
+
+def lines_batch(lines: list[bytes], first_line: int = 1, file_index: int = 0) -> pa.RecordBatch:
+    """An ``ingest``-frame batch (``LINES_SCHEMA``) of ``lines``, numbered from ``first_line``."""
+    from idem_platform.coercion.records import LINES_SCHEMA
+
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([file_index] * len(lines), pa.int32()),
+            pa.array(range(first_line, first_line + len(lines)), pa.int64()),
+            pa.array(lines, pa.binary()),
+            pa.array([len(line) for line in lines], pa.int64()),
+        ],
+        schema=LINES_SCHEMA,
+    )
+
+
+def wait_until_staging(url: str, process: subprocess.Popen[str], timeout: float = 300) -> int:
+    """Wait until a running ingest has staged rows (its executors are writing); return how many."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "staging never started"
+        time.sleep(0.2)
+        with connect(url) as conn:
+            tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'idem_staging'")]
+            staged = sum(conn.execute(f'SELECT count(*) FROM idem_staging."{t}"').fetchone()[0] for t in tables)
+        if staged:
+            return int(staged)
+
+
+def write_config(directory: Path, text: str | None = None) -> IdemConfig:
+    """An idem.yaml in ``directory`` (default: the example with its drop dir under ``directory``)."""
+    body = text if text is not None else EXAMPLE_CONFIG.read_text(encoding="utf-8")
+    path = directory / "idem.yaml"
+    path.write_text(body, encoding="utf-8")
+    return parse_config(body, path)
+
+
+def reset_database(url: str) -> None:
+    """Drop the record tables and empty idem's own tables: each test starts from nothing."""
+    with connect(url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'idem' AND tablename <> 'schema_migrations'"
+        ).fetchall()
+        own = {"ingest_ledger", "commits", "source_offsets", "rejects", "execution_log", "catalog"}
+        for (name,) in tables:
+            ident = sql.SQL("idem.{}").format(sql.Identifier(name))
+            if name in own:
+                conn.execute(sql.SQL("TRUNCATE {}").format(ident))
+            else:
+                conn.execute(sql.SQL("DROP TABLE {}").format(ident))
+        for (name,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'idem_staging'").fetchall():
+            conn.execute(sql.SQL("DROP TABLE idem_staging.{}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def threatfeed(tmp_path: Path, pg_url: str) -> IdemConfig:
+    """The example config with its own drop dir, on an emptied database with its tables synced."""
+    reset_database(pg_url)
+    config = write_config(tmp_path)
+    with connect(pg_url, autocommit=True) as conn:
+        sync_tables(conn, config.table_specs)
+    return config

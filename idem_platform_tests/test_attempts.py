@@ -1,0 +1,107 @@
+"""Task attempts are not rows: only attempts whose commit messages arrived are promoted and counted."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from idem_platform.coercion.records import RecordSpec, coerce_batch
+from idem_platform.commit.plan import CommitPlan
+from idem_platform.commit.promote import ClaimLost, StagedAttempt, promote
+from idem_platform.commit.staging import StagingWriter, create_staging
+from idem_platform.config import IdemConfig
+from idem_platform.errors import TransientError
+from idem_platform.filedrop.files import Split, hash_file
+from idem_platform.ledger import Ledger
+from idem_platform.postgres import connect
+from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform_tests.conftest import lines_batch
+
+
+def _batch(lines: list[str], first_line: int, spec: RecordSpec) -> pa.RecordBatch:
+    return coerce_batch(lines_batch([line.encode() for line in lines], first_line), spec)
+
+
+@pytest.fixture
+def staged(pg_url: str, threatfeed: IdemConfig, tmp_path: Path) -> tuple[CommitPlan, list[str], RecordSpec]:
+    lines = list(threatfeed_lines(40, seed=3, duplicate_ratio=0.0))
+    path = write_lines(tmp_path / "f.ndjson", lines)
+    hashed = hash_file(path)
+    middle = hashed.splits[0].start + len("\n".join(lines[:20]).encode()) + 1
+    # Two input partitions (splits) so the plan expects two commit messages.
+    file = replace(
+        hashed,
+        splits=(Split(0, middle, 1, 0), Split(middle, hashed.size, 21, 0)),
+    )
+    connector = threatfeed.connector("threatfeed")
+    tables = threatfeed.tables_for(connector)
+    spec = RecordSpec(
+        connector="threatfeed", tables=tables, file_sha256=(file.sha256,), record_type_field="type", spark_types=True
+    )
+    commit_id = str(uuid.uuid4())
+    plan = CommitPlan(
+        commit_id=commit_id, connector="threatfeed", run_id="t", owner=f"t/{commit_id}", files=(file,),
+        tables=tables, evolve=True, max_reject_ratio=1.0, replay=False, replay_window_seconds=3600,
+        started_at=datetime.now(UTC).isoformat(), spec=spec,
+    )
+    with connect(pg_url) as conn:
+        with conn.transaction():
+            Ledger(conn, "threatfeed").begin(file.key, {"connector": "threatfeed", "file_key": file.key}, owner=plan.owner)
+        create_staging(conn, plan)
+    return plan, lines, spec
+
+
+def _stage(pg_url: str, plan: CommitPlan, batch: pa.RecordBatch, partition: int) -> StagedAttempt:
+    attempt = uuid.uuid4().hex
+    writer = StagingWriter(pg_url, plan, attempt)
+    writer.write(batch)
+    writer.close()
+    return StagedAttempt(partition, attempt, writer.rows, writer.with_extra, writer.rejected)
+
+
+def test_only_accepted_attempts_are_promoted(pg_url: str, staged: tuple[CommitPlan, list[str], RecordSpec]) -> None:
+    plan, lines, spec = staged
+    half_0 = _batch(lines[:20], 1, spec)
+    half_1 = _batch(lines[20:], 21, spec)
+    failed = _stage(pg_url, plan, half_0.slice(0, 7), 0)  # died mid-way: its message never arrived
+    accepted_0 = _stage(pg_url, plan, half_0, 0)
+    speculative_0 = _stage(pg_url, plan, half_0, 0)  # a second attempt of partition 0 also reported
+    accepted_1 = _stage(pg_url, plan, half_1, 1)
+    assert failed.rows  # those rows really are in staging
+    with connect(pg_url) as conn:
+        result = promote(conn, plan, [accepted_0, None, accepted_1, speculative_0])
+    assert result["rows_written"] == 40 and result["rows_skipped"] == 0 and result["rows_rejected"] == 0
+    with connect(pg_url) as conn:
+        total = sum(
+            conn.execute(f'SELECT count(*) FROM idem."{t}" WHERE _commit_id = %s', [plan.commit_id]).fetchone()[0]
+            for t in plan.tables
+        )
+        assert total == 40
+        assert conn.execute("SELECT status FROM idem.ingest_ledger").fetchone() == ("committed",)
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'idem_staging'").fetchone() == (0,)
+
+
+def test_a_missing_partition_commits_nothing(pg_url: str, staged: tuple[CommitPlan, list[str], RecordSpec]) -> None:
+    plan, lines, spec = staged
+    only = _stage(pg_url, plan, _batch(lines[:20], 1, spec), 0)
+    with connect(pg_url) as conn, pytest.raises(TransientError, match="cover 1 of 2 partitions"):
+        promote(conn, plan, [only])
+
+
+def test_a_claim_taken_by_another_run_commits_nothing(pg_url: str, staged: tuple[CommitPlan, list[str], RecordSpec]) -> None:
+    plan, lines, spec = staged
+    messages = [_stage(pg_url, plan, _batch(lines[:20], 1, spec), 0), _stage(pg_url, plan, _batch(lines[20:], 21, spec), 1)]
+    with connect(pg_url) as conn, conn.transaction():
+        Ledger(conn, "threatfeed").take_over(plan.files[0].key, "another-run/xyz")
+    with connect(pg_url) as conn, pytest.raises(ClaimLost, match="no longer owns it"):
+        promote(conn, plan, messages)
+    with connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM idem.commits").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM idem.indicator").fetchone() == (0,)
+    assert json.dumps(messages[0].rows)

@@ -1,0 +1,85 @@
+"""The `idem` command: one JSON line on success, one error line and a non-zero exit otherwise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idem_platform.cli import SUMMARY_KEYS, main
+from idem_platform.config import IdemConfig
+from idem_platform.samples import write_lines
+
+
+@pytest.fixture
+def env(pg_url: str, tmp_path: Path, threatfeed: IdemConfig, monkeypatch: pytest.MonkeyPatch) -> IdemConfig:
+    monkeypatch.setenv("IDEM_POSTGRES_URL", pg_url)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("IDEM_CONFIG", str(threatfeed.source))
+    monkeypatch.setenv("IDEM_SPARK_MASTER", "local[2]")
+    return threatfeed
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, [line for line in out.splitlines() if line.strip()], err
+
+
+def test_ingest_prints_one_summary_line_then_replays(env: IdemConfig, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert env.connector("threatfeed").path is not None
+    path = write_lines(env.connector("threatfeed").path / "c1.ndjson", ['{"type":"malware","id":"m","name":"x"}', "{bad"])
+    code, lines, _ = run(capsys, "ingest", "--connector", "threatfeed", str(path))
+    assert code == 0 and len(lines) == 1
+    summary = json.loads(lines[0])
+    assert list(summary)[: len(SUMMARY_KEYS)] == list(SUMMARY_KEYS)
+    assert (summary["rows_written"], summary["rows_rejected"], summary["replayed"]) == (1, 1, False)
+    assert summary["files"][0]["file"] == str(path)
+    code, lines, _ = run(capsys, "ingest", "--connector", "threatfeed", str(path))
+    replay = json.loads(lines[0])
+    assert code == 0 and replay["replayed"] is True and replay["prior"]["commit_id"] == summary["commit_id"]
+
+    code, lines, err = run(capsys, "read", "malware")
+    assert code == 0 and json.loads(err.strip().splitlines()[-1]) == {"record_type": "malware", "rows": 1}
+    row = json.loads(lines[0])
+    assert row["_external_id"] == "m" and row["name"] == "x" and row["_commit_id"] == summary["commit_id"]
+
+
+def test_multiple_files_commit_together(env: IdemConfig, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = env.connector("threatfeed").path
+    assert directory is not None
+    a = write_lines(directory / "a.ndjson", ['{"type":"malware","id":"a","name":"x"}'])
+    b = write_lines(directory / "b.ndjson", ['{"type":"malware","id":"b","name":"y"}'])
+    code, lines, err = run(capsys, "ingest", "--connector", "threatfeed", str(a), str(b))
+    assert code == 0, err
+    summary = json.loads(lines[0])
+    assert summary["rows_written"] == 2 and len(summary["files"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("ingest", "--connector", "threatfeed", "/no/such/file.ndjson"), "no such file: /no/such/file.ndjson"),
+        (("ingest", "--connector", "nope", "x"), "no connector named 'nope' (known: threatfeed)"),
+        (("read", "nope"), "unknown record type 'nope'"),
+    ],
+)
+def test_errors_are_one_line(env: IdemConfig, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str) -> None:
+    code, lines, err = run(capsys, *argv)
+    assert code == 1 and lines == []
+    assert err.startswith("idem: error: ") and message in err and err.count("\n") == 1
+
+
+def test_bad_config_is_reported_with_its_line(env: IdemConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("connectors:\n  - name: x\n    kind: filedrop\n")
+    code, _, err = run(capsys, "ingest", "--config", str(broken), "--connector", "x", "f")
+    assert code == 1 and "connectors[0] (line 2)" in err and "set exactly one of" in err
+
+
+def test_ledger_purge(env: IdemConfig, capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines, _ = run(capsys, "ledger", "purge")
+    assert code == 0 and json.loads(lines[0]) == {"purged": 0, "staging_dropped": 0}

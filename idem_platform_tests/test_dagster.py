@@ -1,0 +1,143 @@
+"""The Dagster surface: definitions, the partitioned job in process, metadata, checks, retries, PG instance."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from idem_platform.config import IdemConfig
+from idem_platform.defs.definitions import build_definitions
+from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
+from idem_platform.postgres import connect
+from idem_platform.samples import write_lines
+from idem_platform_tests.conftest import EXAMPLE_CONFIG, REPO, reset_database, write_config
+
+GOOD = [
+    '{"type":"indicator","id":"i1","name":"a","confidence":1,"embedding":[1,2,3,4,5,6,7,8]}',
+    '{"type":"malware","id":"m1","name":"b","sample_size":5}',
+    '{"type":"threat-actor","id":"t1","name":"c","aliases":["x"]}',
+    "garbage",
+]
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+def run_partition(config: IdemConfig, pg_url: str, instance: dg.DagsterInstance, path: Path) -> dg.ExecuteInProcessResult:
+    defs = build_definitions(config, postgres_url=pg_url)
+    connector = config.connector("threatfeed")
+    job = defs.resolve_job_def("threatfeed_ingest")
+    key = partition_key_for(connector, path)
+    instance.add_dynamic_partitions(partitions_for(connector).name or "", [key])
+    return job.execute_in_process(
+        instance=instance,
+        partition_key=key,
+        run_config={"ops": {"threatfeed__ingest": {"config": {"files": [str(path)]}}}},
+        raise_on_error=False,
+    )
+
+
+def committed_metadata(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
+    (materialization,) = result.asset_materializations_for_node("threatfeed__committed")
+    return {k: v.value for k, v in materialization.metadata.items()}
+
+
+def test_definitions_expose_assets_job_sensor_schedule_and_checks(threatfeed: IdemConfig) -> None:
+    defs = build_definitions(threatfeed)
+    graph = defs.resolve_asset_graph()
+    keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
+    assert keys == {"threatfeed/ingest", "threatfeed/coerced", "threatfeed/committed"}
+    assert {check.name for check in graph.asset_check_keys} == {"pandera_contract", "commit_consistency", "reject_ratio"}
+    assert defs.resolve_job_def("threatfeed_ingest").executor_def is dg.in_process_executor
+    assert defs.resolve_sensor_def("threatfeed_filedrop_sensor").job_name == "threatfeed_ingest"
+    assert defs.resolve_schedule_def("ledger_purge_hourly").cron_schedule == "0 * * * *"
+    ingest = defs.resolve_assets_def(dg.AssetKey(["threatfeed", "ingest"]))
+    assert isinstance(ingest.partitions_def, dg.DynamicPartitionsDefinition)
+
+
+def test_job_commits_a_partition_and_reports_it(
+    threatfeed: IdemConfig, pg_url: str, instance: dg.DagsterInstance, spark: Any
+) -> None:
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    path = write_lines(connector.path / "d1.ndjson", GOOD)
+    result = run_partition(threatfeed, pg_url, instance, path)
+    assert result.success
+    metadata = committed_metadata(result)
+    assert (metadata["rows_written"], metadata["rows_skipped"], metadata["rows_rejected"]) == (3, 0, 1)
+    assert metadata["replayed"] is False and metadata["schema_versions"] == {"indicator": 1, "malware": 1, "threat-actor": 1}
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks == {"pandera_contract": True, "commit_consistency": True, "reject_ratio": False}
+    (ingest,) = result.asset_materializations_for_node("threatfeed__ingest")
+    assert ingest.metadata["lines"].value == 4 and ingest.partition == "d1.ndjson"
+
+    again = run_partition(threatfeed, pg_url, instance, path)
+    assert again.success
+    replay = committed_metadata(again)
+    assert replay["replayed"] is True and replay["rows_written"] == 0
+    assert replay["prior"]["commit_id"] == metadata["commit_id"]
+    with connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM idem.indicator").fetchone() == (1,)
+
+
+def test_failed_run_then_retry_commits_once(pg_url: str, tmp_path: Path, instance: dg.DagsterInstance, spark: Any) -> None:
+    reset_database(pg_url)
+    strict = write_config(tmp_path, EXAMPLE_CONFIG.read_text().replace("max_reject_ratio: 1.0", "max_reject_ratio: 0.1"))
+    connector = strict.connector("threatfeed")
+    assert connector.path is not None
+    path = write_lines(connector.path / "d2.ndjson", GOOD)
+    failed = run_partition(strict, pg_url, instance, path)
+    assert not failed.success
+    with connect(pg_url) as conn:
+        status, error = conn.execute("SELECT status, error FROM idem.ingest_ledger").fetchone()
+    assert status == "failed" and "max_reject_ratio 0.1" in error["message"]
+    # The user relaxes the limit and materializes the partition again from the UI.
+    relaxed = write_config(tmp_path, EXAMPLE_CONFIG.read_text())
+    retried = run_partition(relaxed, pg_url, instance, path)
+    assert retried.success and committed_metadata(retried)["rows_written"] == 3
+    with connect(pg_url) as conn:
+        assert conn.execute("SELECT status, attempts FROM idem.ingest_ledger").fetchone() == ("committed", 2)
+        assert conn.execute("SELECT count(*) FROM idem.commits").fetchone() == (1,)
+
+
+def test_runs_are_stored_in_postgres_through_dagster_yaml(
+    threatfeed: IdemConfig, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark: Any
+) -> None:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    monkeypatch.setenv("IDEM_POSTGRES_URL", pg_url)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        connector = threatfeed.connector("threatfeed")
+        assert connector.path is not None
+        path = write_lines(connector.path / "d3.ndjson", GOOD[:1])
+        result = run_partition(threatfeed, pg_url, instance, path)
+        assert result.success
+    with connect(pg_url) as conn:
+        stored = conn.execute("SELECT status FROM runs WHERE run_id = %s", [result.run_id]).fetchone()
+    assert stored == ("SUCCESS",)
+
+
+@pytest.mark.slow
+def test_dagster_loads_the_workspace(tmp_path: Path) -> None:
+    env = {**os.environ, "IDEM_CONFIG": str(EXAMPLE_CONFIG), "DAGSTER_HOME": str(tmp_path)}
+    completed = subprocess.run(
+        [str(Path(sys.executable).with_name("dagster")), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "Validation successful for code location idem_platform" in completed.stdout + completed.stderr

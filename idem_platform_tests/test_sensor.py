@@ -1,0 +1,174 @@
+"""The file-drop sensor with build_sensor_context on a real instance and a real ledger."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from idem_platform.config import IdemConfig
+from idem_platform.defs.definitions import build_definitions
+from idem_platform.defs.filedrop.sensors import decide
+from idem_platform.defs.resources import PostgresResource
+from idem_platform.filedrop.files import hash_file
+from idem_platform.ledger import Ledger, LedgerEntry
+from idem_platform.postgres import connect
+from idem_platform.samples import write_lines
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+class Ticker:
+    """Evaluates the sensor tick after tick, carrying the cursor like the daemon does."""
+
+    def __init__(self, config: IdemConfig, instance: dg.DagsterInstance, pg_url: str) -> None:
+        self.defs = build_definitions(config, postgres_url=pg_url)
+        self.sensor = self.defs.resolve_sensor_def("threatfeed_filedrop_sensor")
+        self.instance = instance
+        self.pg_url = pg_url
+        self.cursor: str | None = None
+
+    def tick(self) -> dg.SensorResult:
+        context = dg.build_sensor_context(
+            instance=self.instance,
+            cursor=self.cursor,
+            resources={"postgres": PostgresResource(url=self.pg_url)},
+            definitions=self.defs,
+        )
+        result = self.sensor(context)
+        assert isinstance(result, dg.SensorResult)
+        self.cursor = result.cursor
+        for request in result.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        return result
+
+
+@pytest.fixture
+def ticker(threatfeed: IdemConfig, instance: dg.DagsterInstance, pg_url: str) -> Ticker:
+    return Ticker(threatfeed, instance, pg_url)
+
+
+def skip_message(result: dg.SensorResult) -> str:
+    return (result.skip_reason.skip_message or "") if result.skip_reason else ""
+
+
+def drop_dir(config: IdemConfig) -> Path:
+    path = config.connector("threatfeed").path
+    assert path is not None
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def record_ledger(pg_url: str, key: str, status: str, *, attempts: int = 1, retryable: bool = True) -> None:
+    with connect(pg_url) as conn, conn.transaction():
+        ledger = Ledger(conn, "threatfeed")
+        ledger.begin(key, {"connector": "threatfeed", "file_key": key}, owner="run-1/c1")
+        for _ in range(attempts - 1):
+            ledger.take_over(key, "run-1/c1")
+        if status == "committed":
+            ledger.commit(key, {"commit_id": "c1"}, owner="run-1/c1")
+        elif status == "failed":
+            ledger.fail_permanent(key, {"class": "X", "message": "boom", "retryable": retryable}, owner="run-1/c1")
+
+
+def test_new_file_is_requested_once_it_has_settled(ticker: Ticker, threatfeed: IdemConfig) -> None:
+    path = write_lines(drop_dir(threatfeed) / "day1.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
+    first = ticker.tick()
+    assert first.run_requests == [] and "waiting to settle" in skip_message(first)
+    second = ticker.tick()
+    (request,) = second.run_requests
+    sha = hash_file(path).sha256
+    assert request.partition_key == "day1.ndjson"
+    assert request.run_key == f"day1.ndjson@{sha[:16]}#1"
+    assert request.run_config == {"ops": {"threatfeed__ingest": {"config": {"files": [str(path)]}}}}
+    assert request.tags["idem/file_key"] == f"filedrop:{sha}"
+    assert second.dynamic_partitions_requests[0].partition_keys == ["day1.ndjson"]
+    cursor = json.loads(second.cursor or "{}")
+    assert cursor["files"]["day1.ndjson"][2] == sha
+    # Same file, next tick: the same run key again (Dagster dedups it), nothing re-hashed.
+    third = ticker.tick()
+    assert [r.run_key for r in third.run_requests] == [request.run_key]
+
+
+def test_committed_file_requests_nothing(ticker: Ticker, threatfeed: IdemConfig, pg_url: str) -> None:
+    path = write_lines(drop_dir(threatfeed) / "done.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
+    record_ledger(pg_url, hash_file(path).key, "committed")
+    ticker.tick()
+    assert ticker.tick().run_requests == []
+
+
+def test_half_written_and_hidden_files_are_not_requested(ticker: Ticker, threatfeed: IdemConfig) -> None:
+    directory = drop_dir(threatfeed)
+    growing = directory / "growing.ndjson"
+    growing.write_text('{"type":"malware","id":1,"name":"a"}\n')
+    (directory / ".hidden.ndjson").write_text('{"type":"malware","id":2,"name":"b"}\n')
+    (directory / "upload.ndjson.part").write_text('{"type":"malware","id":3,"name":"c"}\n')
+    ticker.tick()
+    with growing.open("a") as handle:  # the writer is still appending
+        handle.write('{"type":"malware","id":2,"name":"b"}\n')
+    assert ticker.tick().run_requests == []
+    (request,) = ticker.tick().run_requests  # unchanged across two looks now
+    assert request.partition_key == "growing.ndjson"
+
+
+def test_failed_file_is_retried_with_a_new_run_key(ticker: Ticker, threatfeed: IdemConfig, pg_url: str) -> None:
+    path = write_lines(drop_dir(threatfeed) / "flaky.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
+    sha = hash_file(path).sha256
+    record_ledger(pg_url, f"filedrop:{sha}", "failed", attempts=1, retryable=True)
+    ticker.tick()
+    (request,) = ticker.tick().run_requests
+    assert request.run_key == f"flaky.ndjson@{sha[:16]}#2" and request.tags["idem/attempt"] == "2"
+
+
+def test_permanent_failures_and_exhausted_retries_are_held(ticker: Ticker, threatfeed: IdemConfig, pg_url: str) -> None:
+    directory = drop_dir(threatfeed)
+    bad = write_lines(directory / "bad.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
+    tired = write_lines(directory / "tired.ndjson", ['{"type":"malware","id":2,"name":"b"}'])
+    record_ledger(pg_url, hash_file(bad).key, "failed", retryable=False)
+    record_ledger(pg_url, hash_file(tired).key, "failed", attempts=3, retryable=True)
+    ticker.tick()
+    result = ticker.tick()
+    assert result.run_requests == []
+    assert "bad.ndjson: failed permanently: boom" in skip_message(result)
+    assert "tired.ndjson: failed 3 times" in skip_message(result)
+
+
+def test_in_progress_file_waits_for_a_live_run_and_is_taken_over_from_a_dead_one(
+    ticker: Ticker, threatfeed: IdemConfig, pg_url: str
+) -> None:
+    path = write_lines(drop_dir(threatfeed) / "busy.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
+    key = hash_file(path).key
+    record_ledger(pg_url, key, "in_progress")
+    ticker.tick()
+    with connect(pg_url, autocommit=True) as holder:  # a live run holds the file's advisory lock
+        holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [f"idem:threatfeed:{key}"])
+        assert ticker.tick().run_requests == []
+    (request,) = ticker.tick().run_requests  # the holder is gone: its run died
+    assert request.run_key.endswith("#2")
+
+
+@pytest.mark.parametrize(
+    ("status", "attempts", "alive", "error", "expected"),
+    [
+        (None, 0, False, None, 1),
+        ("committed", 1, False, None, None),
+        ("in_progress", 1, True, None, None),
+        ("in_progress", 1, False, None, 2),
+        ("in_progress", 3, False, None, None),
+        ("failed", 1, False, {"retryable": True}, 2),
+        ("failed", 3, False, {"retryable": True}, None),
+        ("failed", 1, False, {"retryable": False}, None),
+    ],
+)
+def test_decide(status: str | None, attempts: int, alive: bool, error: dict | None, expected: int | None) -> None:
+    entry = None if status is None else LedgerEntry("k", status, attempts, "o", None, error, "h")
+    assert decide("f", "ab" * 32, entry, alive, max_attempts=3).attempt == expected
+
+
