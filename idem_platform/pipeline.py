@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 _RAISED = re.compile(r"idem_platform\.errors\.(\w+): ([^\n]*)")
+_PSYCOPG_CAUSE = re.compile(r"^psycopg(?:\.\w+)*\.(\w+): (.*)$")
 _EXCEPTION_LINE = re.compile(
     r"^((?:[a-z_]\w*\.)+[A-Z]\w*: [^\n]*|[A-Z]\w*(?:Error|Exception): [^\n]*)$", re.M
 )
@@ -216,6 +217,10 @@ def error_from_spark(exc: BaseException) -> errors.IdemError:
         for m in _EXCEPTION_LINE.finditer(text)
         if not m.group(1).startswith(("pyspark.", "py4j.", "org.apache.spark."))
     ]
+    if causes and (psycopg_cause := _PSYCOPG_CAUSE.match(causes[-1])):
+        # An executor lost PostgreSQL: report it as the driver reports its own losses.
+        name, message = psycopg_cause.groups()
+        return errors.TransientError(f"PostgreSQL: {name}: {message.strip()[:1000]}")
     first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
     return errors.TransientError(f"Spark job failed: {(causes[-1] if causes else first)[:1000]}")
 
