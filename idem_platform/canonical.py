@@ -60,7 +60,16 @@ def _exact(fast: bytes) -> bytes | None:
     (``0.0000…`` or ``…e-N``) need the slow path.
     """
     if not fast.isascii():
-        fast = fast.decode("utf-8").encode("ascii", _ESCAPE_ERRORS)
+        text = fast.decode("utf-8")
+        # backslashreplace (C) writes U+0080..U+00FF as \xNN and the rest of the BMP
+        # as \uNNNN (json's form). In JSON text "\x" cannot occur except after an
+        # escaped backslash ("\\x"); without that, and without astral characters
+        # (\UNNNNNNNN), turning every \x into \u00 is exact. Otherwise: the handler.
+        escaped = text.encode("ascii", "backslashreplace")
+        if b"\\U" in escaped or b"\\\\x" in escaped:
+            fast = text.encode("ascii", _ESCAPE_ERRORS)
+        else:
+            fast = escaped.replace(b"\\x", b"\\u00")
     if b"\x7f" in fast:
         fast = fast.replace(b"\x7f", b"\\u007f")
     if b"0.0000" in fast or (b"e-" in fast and _SMALL_EXPONENT.search(fast) is not None):

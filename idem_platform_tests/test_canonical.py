@@ -40,7 +40,7 @@ def _random_value(rng: random.Random, depth: int = 0) -> object:
     if roll < 0.4:
         return rng.choice([0, -1, 2**63 - 1, 2**64 + 5, -(2**70), True, False, None])
     if roll < 0.6:
-        alphabet = "ab e-E0.0000\\\"\t\x7f\x00é中😀/"
+        alphabet = "ab e-E0.0000\\\"\t\x7f\x00é中😀/xU\x80ÿ€"
         return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
     if roll < 0.8:
         return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
@@ -69,6 +69,10 @@ def test_fast_path_matches_the_contract_on_random_records() -> None:
         (b'{"x":"\\u00e9\\ud83d\\ude00"}', b'{"x":"\\u00e9\\ud83d\\ude00"}'),
         (b'{"x":"\x7f"}', b'{"x":"\\u007f"}'),
         (b'{"x":-0.0,"y":1.0}', b'{"x":-0.0,"y":1.0}'),
+        # non-ASCII next to backslashes, "x" and "U": the escape must not touch JSON's own escapes
+        ('{"x":"\\\\xé\\\\U€ÿ"}'.encode(), b'{"x":"\\\\x\\u00e9\\\\U\\u20ac\\u00ff"}'),
+        ('{"x":"é\\\\x41","y":"\\u0080"}'.encode(), b'{"x":"\\u00e9\\\\x41","y":"\\u0080"}'),
+        ('{"x":"é😀"}'.encode(), b'{"x":"\\u00e9\\ud83d\\ude00"}'),
     ],
 )
 def test_known_divergences_take_the_slow_path(raw: bytes, expected: bytes) -> None:

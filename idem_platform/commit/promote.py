@@ -58,7 +58,8 @@ class StagedAttempt:
     rows: dict[str, int] = field(default_factory=dict)
     with_extra: dict[str, int] = field(default_factory=dict)
     rejected: int = 0
-    repeats: dict[str, int] = field(default_factory=dict)  # exact repeats counted, not staged
+    repeats: dict[str, int] = field(default_factory=dict)  # repeats counted, not staged
+    unique_keys: bool = False  # the attempt staged no key twice (no DISTINCT ON needed)
 
 
 class ClaimLost(TransientError):
@@ -142,6 +143,8 @@ def _insert_rows(
     stage: sql.Composed,
     attempts: list[str],
     evolution: _Evolution,
+    *,
+    unique_keys: bool = False,
 ) -> int:
     typed = [c.name for c in spec.columns]
     target = [
@@ -167,13 +170,19 @@ def _insert_rows(
     ]
     select += [sql.SQL("s._extra ->> {}").format(sql.Literal(name)) for name in evolution.fill]
     select.append(props)
+    # First occurrence per key wins. An attempt whose executor vouched for distinct
+    # keys needs no sort of its wide rows; the anti-join alone skips keys already
+    # in the table (committed, or promoted from an earlier split of this commit).
+    first_per_key = sql.SQL("") if unique_keys else sql.SQL(" ORDER BY s._idempotency_key, s._pos")
     statement = sql.SQL(
         "INSERT INTO {target} ({columns}) "
-        "SELECT DISTINCT ON (s._idempotency_key) {select} FROM {stage} s "
+        "SELECT {distinct}{select} FROM {stage} s "
         "WHERE s._attempt = ANY(%(attempts)s) AND NOT EXISTS "
-        "(SELECT 1 FROM {target} t WHERE t._idempotency_key = s._idempotency_key) "
-        "ORDER BY s._idempotency_key, s._pos"
+        "(SELECT 1 FROM {target} t WHERE t._idempotency_key = s._idempotency_key)"
+        "{order}"
     ).format(
+        distinct=sql.SQL("") if unique_keys else sql.SQL("DISTINCT ON (s._idempotency_key) "),
+        order=first_per_key,
         target=table_ident(record_type),
         columns=sql.SQL(", ").join(sql.Identifier(c) for c in target),
         select=sql.SQL(", ").join(select),
@@ -286,7 +295,8 @@ class Promotion:
             if self.plan.evolve and message.with_extra.get(record_type, 0):
                 evolution = self._evolve(record_type, spec, _extra_keys(self.conn, stage, [message.attempt]))
             self.written[record_type] += _insert_rows(
-                self.conn, self.plan, record_type, spec, stage, [message.attempt], evolution
+                self.conn, self.plan, record_type, spec, stage, [message.attempt], evolution,
+                unique_keys=message.unique_keys,
             )
         self.insert_seconds += time.monotonic() - started
 

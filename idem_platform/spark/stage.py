@@ -50,6 +50,7 @@ MESSAGE_SCHEMA = pa.schema(
         ("seconds", pa.float64()),
         ("attempt_number", pa.int32()),
         ("repeats", pa.string()),
+        ("unique_keys", pa.bool_()),
     ]
 )
 
@@ -90,6 +91,7 @@ def stage_split(batches: Iterator[pa.RecordBatch], url: str, plan: CommitPlan) -
                 "seconds": time.monotonic() - started,
                 "attempt_number": attempt_number,
                 "repeats": json.dumps(repeats.skipped),
+                "unique_keys": repeats.unique,
             }
         ],
         schema=MESSAGE_SCHEMA,
@@ -146,6 +148,7 @@ class StagingJobs:
             with_extra=json.loads(row["with_extra"]),
             rejected=row["rejected"],
             repeats=json.loads(row["repeats"]),
+            unique_keys=bool(row["unique_keys"]),
         )
 
     def in_order(self) -> Iterator[StagedAttempt]:
