@@ -144,8 +144,10 @@ def record_spec(connector: ConnectorConfig, tables: dict[str, TableSpec], files:
 
 def lines_frame(spark: SparkSession, batch: IngestBatch, connector: ConnectorConfig) -> DataFrame:
     """The ``ingest`` frame: one row per line of the pending files (lazy)."""
+    from idem_platform.spark.session import register_sources
+
     return (
-        spark.read.format("idem_filedrop_lines")
+        register_sources(spark).read.format("idem_filedrop_lines")
         .option("files", json.dumps([f.to_json() for f in batch.pending]))
         .option("max_line_bytes", str(connector.max_line_bytes))
         .load()

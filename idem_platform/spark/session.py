@@ -2,8 +2,9 @@
 
 ``PYSPARK_PYTHON`` is pinned to the running interpreter before the JVM starts:
 otherwise workers may start another Python without our package. The Python data
-source is registered on every session handed out, so any code path can use
-``format("idem_filedrop_lines")``.
+source ``idem_filedrop_lines`` is registered on first use (:func:`register_sources`):
+registering starts a Python planner process (~1.2 s here) that the commit path,
+which never reads through it, should not wait for.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 
-import pyarrow as pa
 from pyspark.sql import SparkSession
 
 DEFAULT_CONF: dict[str, str] = {
@@ -66,11 +67,18 @@ def pin_python() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+_register_lock = threading.Lock()
+
+
 def register_sources(spark: SparkSession) -> SparkSession:
-    """Register idem's Python data source on ``spark`` (idempotent)."""
+    """Register idem's Python data source on ``spark``, once per session."""
     from idem_platform.spark.lines_source import FileLinesSource
 
-    spark.dataSource.register(FileLinesSource)
+    with _register_lock:
+        if spark not in _registered:
+            spark.dataSource.register(FileLinesSource)
+            _registered.add(spark)
     return spark
 
 
@@ -90,7 +98,7 @@ def build_session(conf: Mapping[str, str] | None = None) -> SparkSession:
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return register_sources(builder.getOrCreate())
+    return builder.getOrCreate()
 
 
 _warm_up_lock = threading.Lock()
@@ -102,12 +110,13 @@ def _warm(conf: dict[str, str]) -> None:
     spark = build_session(conf)
     slots = max(1, int(spark.sparkContext.defaultParallelism))
 
-    def touch(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def touch(indexes: Iterator[int]) -> Iterator[int]:
         import idem_platform.spark.stage  # noqa: F401 - the import is the warm-up
 
-        yield from batches
+        yield from indexes
 
-    spark.range(0, slots, 1, numPartitions=slots).mapInArrow(touch, "id long").toArrow()
+    # The same kind of job as the staging jobs (a plain RDD job), so it warms their workers.
+    spark.sparkContext.parallelize(range(slots), slots).mapPartitions(touch).collect()
 
 
 def warm_up(conf: Mapping[str, str] | None = None) -> threading.Thread:
