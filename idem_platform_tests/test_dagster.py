@@ -90,6 +90,29 @@ def test_job_commits_a_partition_and_reports_it(
         assert conn.execute("SELECT count(*) FROM idem.indicator").fetchone() == (1,)
 
 
+def test_commit_consistency_fails_when_the_table_lost_a_row_of_the_commit(
+    threatfeed: IdemConfig, pg_url: str, instance: dg.DagsterInstance, spark: Any
+) -> None:
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    path = write_lines(connector.path / "d4.ndjson", GOOD)
+    assert run_partition(threatfeed, pg_url, instance, path).success
+    with connect(pg_url) as conn:
+        conn.execute("DELETE FROM idem.malware")
+    defs = build_definitions(threatfeed, postgres_url=pg_url)
+    (check,) = [c for c in defs.asset_checks or [] if "commit_consistency" in {k.name for k in c.check_keys}]
+    result = dg.materialize(
+        [*(defs.assets or []), *(defs.asset_checks or [])],  # type: ignore[list-item]
+        selection=dg.AssetSelection.checks(check),
+        resources=defs.resources,
+        instance=instance,  # unpartitioned: the check reads the latest commit, this one
+        raise_on_error=False,
+    )
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert not evaluation.passed
+    assert evaluation.metadata["problems"].value == ["malware: commit says 1, table holds 0"]
+
+
 def test_failed_run_then_retry_commits_once(pg_url: str, tmp_path: Path, instance: dg.DagsterInstance, spark: Any) -> None:
     reset_database(pg_url)
     strict = write_config(tmp_path, EXAMPLE_CONFIG.read_text().replace("max_reject_ratio: 1.0", "max_reject_ratio: 0.1"))
