@@ -36,7 +36,7 @@ from idem_platform.catalog import TableSpec
 from idem_platform.coercion.records import RecordSpec
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.commit.promote import Promotion, record_replay
-from idem_platform.commit.staging import create_staging, drop_commit_staging, drop_staging
+from idem_platform.commit.staging import create_staging, drop_staging_quietly
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.filedrop.files import DroppedFile, hash_file
 from idem_platform.ledger import (
@@ -202,10 +202,9 @@ def _clean_up_after_failure(request: CommitRequest, keys: list[str], plan: Commi
     """
     try:
         _record_failure(request.url, request, keys, plan.owner, error)
-        with connect(request.url, autocommit=True) as conn:
-            drop_staging(conn, plan)
     except psycopg.Error:
         pass
+    drop_staging_quietly(request.url, [plan.commit_id])
 
 
 def error_from_spark(exc: BaseException) -> errors.IdemError:
@@ -311,8 +310,10 @@ def owner_alive(conn: psycopg.Connection, namespace: str, keys: list[str]) -> se
     return alive
 
 
-def _claim(conn: psycopg.Connection, request: CommitRequest, keys: list[str], owner: str) -> None:
+def _claim(conn: psycopg.Connection, request: CommitRequest, keys: list[str], owner: str) -> list[str]:
+    """Make the files' ledger rows ours; return the commit ids of dead owners (their staging is stale)."""
     ledger = Ledger(conn, request.connector.name, replay_window=request.replay_window)
+    dead: list[str] = []
     for key in keys:
         outcome = ledger.begin(key, request_of(request.connector.name, key), owner=owner)
         if isinstance(outcome, Fresh):
@@ -321,13 +322,14 @@ def _claim(conn: psycopg.Connection, request: CommitRequest, keys: list[str], ow
             # We hold the key's advisory lock, so an in-progress owner is dead;
             # a failed attempt is retried. Either way the row becomes ours.
             if isinstance(outcome, InFlight) and outcome.owner and "/" in outcome.owner:
-                drop_commit_staging(conn, outcome.owner.rsplit("/", 1)[1])
+                dead.append(outcome.owner.rsplit("/", 1)[1])
             ledger.take_over(key, owner)
             continue
         if isinstance(outcome, PriorResult):
             raise AssertionError(f"{key} was committed under our advisory lock")
         if isinstance(outcome, Mismatch):
             raise errors.TerminalError(f"{key} is recorded for another request ({outcome.recorded_hash[:12]})")
+    return dead
 
 
 def _record_failure(url: str, request: CommitRequest, keys: list[str], owner: str, error: errors.IdemError) -> None:
@@ -411,8 +413,9 @@ def commit_batch(
         plan = _plan(request, batch.pending, str(uuid.uuid4()), coerced.tables)
         with connect(request.url) as conn:
             with conn.transaction():
-                _claim(conn, request, keys, plan.owner)
+                dead = _claim(conn, request, keys, plan.owner)
             create_staging(conn, plan)
+        drop_staging_quietly(request.url, dead)  # a dead run's leftovers
         stage_started = time.monotonic()
         try:
             with (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -14,7 +15,13 @@ import pytest
 from idem_platform.coercion.records import RecordSpec, coerce_batch
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.commit.promote import ClaimLost, StagedAttempt, promote
-from idem_platform.commit.staging import StagingWriter, create_staging
+from idem_platform.commit.staging import (
+    StagingWriter,
+    attempt_table,
+    create_staging,
+    drop_stale_staging,
+    new_attempt_id,
+)
 from idem_platform.config import IdemConfig
 from idem_platform.errors import TransientError
 from idem_platform.filedrop.files import Split, hash_file
@@ -58,7 +65,7 @@ def staged(pg_url: str, threatfeed: IdemConfig, tmp_path: Path) -> tuple[CommitP
 
 
 def _stage(pg_url: str, plan: CommitPlan, batch: pa.RecordBatch, partition: int) -> StagedAttempt:
-    attempt = uuid.uuid4().hex
+    attempt = new_attempt_id()
     writer = StagingWriter(pg_url, plan, attempt)
     writer.write(batch)
     writer.close()
@@ -105,3 +112,35 @@ def test_a_claim_taken_by_another_run_commits_nothing(pg_url: str, staged: tuple
         assert conn.execute("SELECT count(*) FROM idem.commits").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM idem.indicator").fetchone() == (0,)
     assert json.dumps(messages[0].rows)
+
+
+def test_a_zombie_attempt_still_copying_never_blocks_the_commit(
+    pg_url: str, staged: tuple[CommitPlan, list[str], RecordSpec]
+) -> None:
+    plan, lines, spec = staged
+    zombie = _stage(pg_url, plan, _batch(lines[:20], 1, spec), 0)  # a speculative copy Spark did not kill
+    messages = [_stage(pg_url, plan, _batch(lines[:20], 1, spec), 0), _stage(pg_url, plan, _batch(lines[20:], 21, spec), 1)]
+    record_type = next(rt for rt, n in zombie.rows.items() if n)
+    zombie_table = attempt_table(plan.staging_table(record_type), zombie.attempt)
+    with connect(pg_url) as holder:
+        # What a COPY in flight holds on the zombie's table.
+        holder.execute(f'LOCK TABLE idem_staging."{zombie_table}" IN ROW EXCLUSIVE MODE')
+        started = time.monotonic()
+        with connect(pg_url) as conn:
+            result = promote(conn, plan, messages)
+        assert time.monotonic() - started < 30
+        assert result["rows_written"] == 40
+        with connect(pg_url) as conn:
+            left = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'idem_staging'")}
+        assert left == {zombie_table}  # everything else went with the commit
+    with connect(pg_url) as conn, conn.transaction():
+        # The purge drops a committed commit's leftovers at once, whatever their age.
+        assert drop_stale_staging(conn, 24 * 3600) == 1
+    with connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'idem_staging'").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("attempt", ["", "0123456789abcdeg", "0123456789ABCDEF", "0123456789abcdef0"])
+def test_an_attempt_id_must_name_a_short_safe_table(attempt: str) -> None:
+    with pytest.raises(ValueError, match="lowercase hex"):
+        attempt_table("c0_0", attempt)

@@ -33,7 +33,7 @@ from psycopg.types.json import Jsonb
 from idem_platform.catalog import STRING, Column, TableSpec
 from idem_platform.coercion.records import LINE_BITS, LINE_MASK
 from idem_platform.commit.plan import CommitPlan
-from idem_platform.commit.staging import drop_staging, staged_ident
+from idem_platform.commit.staging import attempt_table, drop_staging, drop_tables, staged_ident
 from idem_platform.errors import RejectRatioExceeded, TransientError
 from idem_platform.faults import checkpoint
 from idem_platform.ledger import Ledger
@@ -85,12 +85,18 @@ def accepted_attempts(plan: CommitPlan, messages: list[StagedAttempt | None]) ->
     return [chosen[p] for p in sorted(chosen)]
 
 
-def _reject_reasons(conn: psycopg.Connection, plan: CommitPlan, attempts: list[str], limit: int = 5) -> list[str]:
+def _rejects_tables(plan: CommitPlan, chosen: list[StagedAttempt]) -> list[sql.Composed]:
+    """The accepted attempts' reject tables (an attempt with no reject created none)."""
+    return [staged_ident(attempt_table(plan.rejects_table, a.attempt)) for a in chosen if a.rejected]
+
+
+def _reject_reasons(conn: psycopg.Connection, plan: CommitPlan, chosen: list[StagedAttempt], limit: int = 5) -> list[str]:
+    tables = _rejects_tables(plan, chosen)
+    if not tables:
+        return []
+    union = sql.SQL(" UNION ALL ").join(sql.SQL("SELECT _pos, _errors FROM {}").format(t) for t in tables)
     rows = conn.execute(
-        sql.SQL("SELECT _pos, _errors FROM {} WHERE _attempt = ANY(%s) ORDER BY _pos LIMIT %s").format(
-            staged_ident(plan.rejects_table)
-        ),
-        [attempts, limit],
+        sql.SQL("SELECT _pos, _errors FROM ({}) r ORDER BY _pos LIMIT %s").format(union), [limit]
     ).fetchall()
     reasons = []
     for pos, errors in rows:
@@ -117,13 +123,12 @@ def _claim(conn: psycopg.Connection, plan: CommitPlan) -> None:
             )
 
 
-def _extra_keys(conn: psycopg.Connection, stage: sql.Composed, attempts: list[str]) -> list[str]:
+def _extra_keys(conn: psycopg.Connection, stage: sql.Composed) -> list[str]:
     rows = conn.execute(
         sql.SQL(
             "SELECT k FROM {} s, jsonb_object_keys(s._extra) k "
-            "WHERE s._extra IS NOT NULL AND s._attempt = ANY(%s) GROUP BY k ORDER BY min(s._pos), k"
+            "WHERE s._extra IS NOT NULL GROUP BY k ORDER BY min(s._pos), k"
         ).format(stage),
-        [attempts],
     ).fetchall()
     return [row[0] for row in rows]
 
@@ -141,7 +146,6 @@ def _insert_rows(
     record_type: str,
     spec: TableSpec,
     stage: sql.Composed,
-    attempts: list[str],
     evolution: _Evolution,
     *,
     unique_keys: bool = False,
@@ -177,7 +181,7 @@ def _insert_rows(
     statement = sql.SQL(
         "INSERT INTO {target} ({columns}) "
         "SELECT {distinct}{select} FROM {stage} s "
-        "WHERE s._attempt = ANY(%(attempts)s) AND NOT EXISTS "
+        "WHERE NOT EXISTS "
         "(SELECT 1 FROM {target} t WHERE t._idempotency_key = s._idempotency_key)"
         "{order}"
     ).format(
@@ -193,25 +197,29 @@ def _insert_rows(
         "record_type": record_type,
         "version": spec.schema_version,
         "commit_id": plan.commit_id,
-        "attempts": attempts,
         "overcap": evolution.to_props,
     }
     return conn.execute(statement, params).rowcount
 
 
-def _insert_rejects(conn: psycopg.Connection, plan: CommitPlan, attempts: list[str]) -> int:
+def _insert_rejects(conn: psycopg.Connection, plan: CommitPlan, chosen: list[StagedAttempt]) -> int:
+    """Promote the accepted attempts' rejects, in split order."""
+    return sum(_insert_attempt_rejects(conn, plan, table) for table in _rejects_tables(plan, chosen))
+
+
+def _insert_attempt_rejects(conn: psycopg.Connection, plan: CommitPlan, stage: sql.Composed) -> int:
     statement = sql.SQL(
         "INSERT INTO {rejects} (commit_id, connector, source, position, line, raw, raw_length, reasons) "
         "SELECT %(commit_id)s::uuid, %(connector)s, f.key, f.sha16 || '#L' || (r._pos & {mask}), "
         "r._pos & {mask}, r._raw, r._raw_length, r._errors "
         "FROM {stage} r JOIN unnest(%(idx)s::int[], %(keys)s::text[], %(sha16)s::text[]) "
         "AS f(idx, key, sha16) ON f.idx = (r._pos >> {bits}) "
-        "WHERE r._attempt = ANY(%(attempts)s) ORDER BY r._pos"
+        "ORDER BY r._pos"
     ).format(
         rejects=sql.SQL(f"{SCHEMA}.rejects"),
         mask=sql.Literal(LINE_MASK),
         bits=sql.Literal(LINE_BITS),
-        stage=staged_ident(plan.rejects_table),
+        stage=stage,
     )
     params = {
         "commit_id": plan.commit_id,
@@ -219,7 +227,6 @@ def _insert_rejects(conn: psycopg.Connection, plan: CommitPlan, attempts: list[s
         "idx": list(range(len(plan.files))),
         "keys": [f.key for f in plan.files],
         "sha16": [f.sha256[:16] for f in plan.files],
-        "attempts": attempts,
     }
     return conn.execute(statement, params).rowcount
 
@@ -290,13 +297,12 @@ class Promotion:
                 continue
             self.staged[record_type] += count
             spec = self.plan.tables[record_type]
-            stage = staged_ident(self.plan.staging_table(record_type))
+            stage = staged_ident(attempt_table(self.plan.staging_table(record_type), message.attempt))
             evolution = _Evolution()
             if self.plan.evolve and message.with_extra.get(record_type, 0):
-                evolution = self._evolve(record_type, spec, _extra_keys(self.conn, stage, [message.attempt]))
+                evolution = self._evolve(record_type, spec, _extra_keys(self.conn, stage))
             self.written[record_type] += _insert_rows(
-                self.conn, self.plan, record_type, spec, stage, [message.attempt], evolution,
-                unique_keys=message.unique_keys,
+                self.conn, self.plan, record_type, spec, stage, evolution, unique_keys=message.unique_keys
             )
         self.insert_seconds += time.monotonic() - started
 
@@ -330,11 +336,10 @@ class Promotion:
         """
         plan = self.plan
         chosen = accepted_attempts(plan, list(self.accepted.values()))
-        attempts = [a.attempt for a in chosen]
         rejected = sum(a.rejected for a in chosen)
         total = sum(self.staged.values()) + rejected
         if total and rejected / total > plan.max_reject_ratio:
-            reasons = _reject_reasons(self.conn, plan, attempts)
+            reasons = _reject_reasons(self.conn, plan, chosen)
             raise RejectRatioExceeded(
                 f"{rejected} of {total} records rejected ({rejected / total:.1%}), above "
                 f"max_reject_ratio {plan.max_reject_ratio}; nothing was committed. First reasons: "
@@ -344,7 +349,7 @@ class Promotion:
                 reasons=reasons,
             )
         checkpoint("before_promote")
-        rows_rejected = _insert_rejects(self.conn, plan, attempts) if rejected else 0
+        rows_rejected = _insert_rejects(self.conn, plan, chosen) if rejected else 0
         assert rows_rejected == rejected, f"staged {rejected} rejects but promoted {rows_rejected}"
         tables = {
             rt: {
@@ -376,14 +381,40 @@ class Promotion:
         ledger = Ledger(self.conn, plan.connector, replay_window=timedelta(seconds=plan.replay_window_seconds))
         for key in plan.ledger_keys():
             ledger.commit(key, result, owner=plan.owner)
-        drop_staging(self.conn, plan)
+        # The accepted attempts' tables are finished (their writers closed before
+        # reporting), so dropping them here cannot wait on anyone.
+        drop_tables(self.conn, _promoted_tables(plan, chosen))
         checkpoint("during_promote")
         finishing = time.monotonic()
         self._transaction.__exit__(None, None, None)
         self._transaction = _Done()
         result["timings"]["commit_seconds"] = round(time.monotonic() - finishing, 3)
         checkpoint("after_promote")
+        _drop_leftovers(self.conn, plan)
         return result
+
+
+def _promoted_tables(plan: CommitPlan, chosen: list[StagedAttempt]) -> list[str]:
+    names = []
+    for message in chosen:
+        names += [attempt_table(plan.staging_table(rt), message.attempt) for rt, n in message.rows.items() if n]
+        if message.rejected:
+            names.append(attempt_table(plan.rejects_table, message.attempt))
+    return names
+
+
+def _drop_leftovers(conn: psycopg.Connection, plan: CommitPlan) -> None:
+    """After COMMIT: drop the templates and the tables of attempts that were not promoted.
+
+    Best effort and never blocking: a zombie attempt may still be copying into
+    its table (a lost executor's task, a speculative copy Spark has not killed
+    yet), so the drop gives up after a short lock wait and the purge schedule
+    drops whatever is left (tables of a committed commit go on its next run).
+    """
+    try:
+        drop_staging(conn, plan)
+    except psycopg.Error:
+        pass  # the commit is durable already: a leftover must not turn it into a failure
 
 
 class _Done:

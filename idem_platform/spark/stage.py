@@ -27,7 +27,6 @@ that reached the driver are promoted, in one transaction.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -35,12 +34,13 @@ from typing import TYPE_CHECKING
 from idem_platform.coercion.records import RepeatedLines, coerce_batch
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.commit.promote import StagedAttempt
-from idem_platform.commit.staging import StagingWriter
+from idem_platform.commit.staging import StagingWriter, new_attempt_id
 from idem_platform.faults import checkpoint
 from idem_platform.filedrop.reader import read_split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
 
 def stage_split(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[tuple[StagedAttempt, float, int]]:
     """Task body: stage this task's split under a fresh attempt id; yield its one message.
@@ -50,7 +50,7 @@ def stage_split(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[
     from pyspark import TaskContext
 
     started = time.monotonic()
-    attempt = uuid.uuid4().hex
+    attempt = new_attempt_id()
     context = TaskContext.get()
     attempt_number = context.attemptNumber() if context is not None else 0
     checkpoint("before_stage")
