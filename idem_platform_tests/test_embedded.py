@@ -1,0 +1,68 @@
+"""The embedded default (pgserver): tuned on first use, restarted only when nobody else uses it, stoppable."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from idem_platform.postgres.embedded import (
+    RESTART_SETTINGS,
+    data_dir,
+    embedded_postgres_url,
+    stop_embedded,
+)
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    # pgserver's server user must reach the directory: a fresh one under /tmp, not pytest's 0700 tmp_path.
+    path = Path(tempfile.mkdtemp(prefix="idem-embedded-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        stop_embedded(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _setting(url: str, name: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT current_setting(%s)", [name]).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _downgrade(url: str, home: Path) -> None:
+    """Make the server look like one started before the tuning (stock shared_buffers)."""
+    import pgserver
+    from pgserver._commands import pg_ctl
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET shared_buffers = '128MB'")
+    server = pgserver.get_server(data_dir(home), cleanup_mode=None)
+    pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user)
+    assert _setting(url, "shared_buffers") == "128MB"
+
+
+def test_the_embedded_server_is_tuned_restarted_only_when_alone_and_stopped(home: Path) -> None:
+    url = embedded_postgres_url(home)
+    for name, value in RESTART_SETTINGS.items():
+        assert _setting(url, name) == value  # a fresh server was restarted with them at once
+
+    _downgrade(url, home)
+    with psycopg.connect(url, autocommit=True) as other_client:  # a webserver, a run…
+        assert embedded_postgres_url(home) == url
+        assert other_client.execute("SELECT 1").fetchone() == (1,)  # not cut off by a restart
+        assert _setting(url, "shared_buffers") == "128MB"
+    assert embedded_postgres_url(home) == url  # alone now: restarted with the settings
+    assert _setting(url, "shared_buffers") == RESTART_SETTINGS["shared_buffers"]
+
+    assert stop_embedded(home) is True
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=2)
+    assert stop_embedded(home) is False
