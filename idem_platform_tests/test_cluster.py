@@ -207,3 +207,52 @@ def test_speculative_copies_of_a_slow_task_are_not_rows(
     assert code == 0 and summary is not None, err[-3000:]
     assert summary["timings"]["stage_attempt_numbers"][0] == 1, "the speculative copy should have won split 0"
     assert_exactly_once(tcp_pg, summary, lines, keys)
+
+
+DAGSTER_RUN = """
+import json, sys
+import dagster as dg
+from pyspark.sql import SparkSession
+from idem_platform.config import load_config
+from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
+from idem_platform.definitions import defs
+
+spark_config, path = json.loads(sys.argv[1]), sys.argv[2]
+connector = load_config().connector("threatfeed")
+key = partition_key_for(connector, path)
+with dg.instance_for_test() as instance:
+    instance.add_dynamic_partitions(partitions_for(connector).name, [key])
+    result = defs().resolve_job_def("threatfeed_ingest").execute_in_process(
+        instance=instance,
+        partition_key=key,
+        run_config={
+            "ops": {"threatfeed__ingest": {"config": {"files": [path]}}},
+            # What a user types in the Launchpad: the spark resource's own config.
+            "resources": {"spark": {"config": {"spark_config": spark_config}}},
+        },
+    )
+    (event,) = result.asset_materializations_for_node("threatfeed__committed")
+    metadata = {k: v.value for k, v in event.metadata.items()}
+print(json.dumps({"master": SparkSession.getActiveSession().sparkContext.master,
+                  "rows_written": metadata["rows_written"], "rows_rejected": metadata["rows_rejected"]}))
+"""
+
+
+def test_the_dagster_spark_resource_config_alone_sends_the_run_to_the_cluster(
+    cluster: SparkCluster, tcp_pg: str, tmp_path: Path, threatfeed: IdemConfig
+) -> None:
+    lines, file, keys = feed(threatfeed, tmp_path / "drop" / "dagster.ndjson", 6_000, seed=24)
+    config = write_config(tmp_path, "local[2]", {"spark.ui.enabled": "false"})  # idem.yaml says local
+    spark_config = {"spark.master": cluster.master_url, **cluster.session_conf()}
+    env = {**os.environ, "IDEM_CONFIG": str(config), "IDEM_POSTGRES_URL": tcp_pg, "PYSPARK_PYTHON": sys.executable}
+    for name in ("IDEM_SPARK_MASTER", "IDEM_FAULT", "DAGSTER_HOME"):
+        env.pop(name, None)
+    completed = subprocess.run(
+        [sys.executable, "-c", DAGSTER_RUN, json.dumps(spark_config), str(file)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert report["master"] == cluster.master_url
+    assert stored_keys(tcp_pg) == keys
+    assert report["rows_written"] == len(keys)

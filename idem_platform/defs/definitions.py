@@ -19,6 +19,13 @@ from idem_platform.spark.session import spark_config_for
 def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dict[str, object]:
     """``postgres``, ``spark`` and the two IO managers, configured from ``config``.
 
+    ``postgres`` and ``spark`` are bound with ``configure_at_launch``: their
+    values from idem.yaml are the defaults a run's config (the Launchpad) may
+    replace, and the IO manager's nested references then resolve to these
+    top-level resources. A fully bound nested resource would be a separate copy
+    that keeps the bound values, so a run pointed at a cluster through the
+    ``spark`` resource's config would still commit on ``local[*]``.
+
     Args:
         config: the parsed idem.yaml.
         postgres_url: an explicit URL (tests, embedding); default ``IDEM_POSTGRES_URL``
@@ -27,8 +34,10 @@ def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dic
     url: str | dg.EnvVar | None = postgres_url
     if url is None and os.environ.get(POSTGRES_URL_ENV):
         url = dg.EnvVar(POSTGRES_URL_ENV)
-    postgres = PostgresResource(url=url)
-    spark = SparkResource(spark_config=spark_config_for(config.spark_master(), dict(config.spark.conf)))
+    postgres = PostgresResource.configure_at_launch(url=url)
+    spark = SparkResource.configure_at_launch(
+        spark_config=spark_config_for(config.spark_master(), dict(config.spark.conf))
+    )
     return {
         "postgres": postgres,
         "spark": spark,
