@@ -33,16 +33,17 @@ dev: install
 	$(VENV)/bin/idem dev --config $(CONFIG)
 
 bench: install
-	$(PY) benchmarks/ingest_bench.py
+	$(PY) benchmarks/ingest_bench.py $(ARGS)
 
 bench-curve: install
-	$(PY) benchmarks/cost_curve.py
+	$(PY) benchmarks/cost_curve.py $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check idem_platform idem_platform_tests benchmarks
 
+## stop-postgres: stop the embedded server under .idem/ (the demo and dev leave it running)
 stop-postgres:
-	-$(PY) -c "from idem_platform.postgres.embedded import stop_embedded; stop_embedded()"
+	@if [ -x $(PY) ]; then $(PY) -c "from idem_platform.postgres.embedded import stop_embedded; print('embedded PostgreSQL stopped' if stop_embedded() else 'embedded PostgreSQL not running')"; fi
 
 clean: stop-postgres
 	rm -rf .idem examples/*/drop benchmarks/data
