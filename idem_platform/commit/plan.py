@@ -47,15 +47,13 @@ class CommitPlan:
         return "c" + self.commit_id.replace("-", "")
 
     def staging_table(self, record_type: str) -> str:
-        """Unquoted name in ``idem_staging`` of a record type's staging table."""
+        """Unquoted name in ``idem_staging`` of a record type's staging template
+        (each task attempt stages into its own copy, see :mod:`idem_platform.commit.staging`)."""
         return f"{self.staging_prefix}_{sorted(self.tables).index(record_type)}"
 
     @property
     def rejects_table(self) -> str:
         return f"{self.staging_prefix}_rejects"
-
-    def staging_tables(self) -> list[str]:
-        return [self.staging_table(rt) for rt in sorted(self.tables)] + [self.rejects_table]
 
     def ledger_keys(self) -> list[str]:
         """The distinct file keys (two paths with the same bytes share one ledger row)."""
