@@ -91,8 +91,10 @@ def build_filedrop_assets(
         tags=tags,
         description=(
             "The lines parsed, keyed and coerced to the catalog (DESIGN §3) by per-record Python "
-            "running inside Spark over Arrow batches (mapInArrow). Bad lines become rejects with "
-            "every reason; good rows carry their record key. Lazy, like ingest. Idempotent."
+            "running inside Spark tasks over Arrow batches: at commit time each split's task "
+            "coerces and stages its lines; readers of the lazy frame get the same code through "
+            "mapInArrow. Bad lines become rejects with every reason; good rows carry their "
+            "record key. Lazy, like ingest. Idempotent."
         ),
     )
     def coerced(context: dg.AssetExecutionContext, ingest: IngestBatch, postgres: PostgresResource) -> dg.Output[CoercedBatch]:
