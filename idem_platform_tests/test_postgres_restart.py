@@ -30,13 +30,16 @@ TABLES = ("indicator", "malware", "threat-actor")
 def restartable() -> Iterator[tuple[object, str]]:
     """An embedded PostgreSQL of this module's own, so it can be restarted without hurting others."""
     import pgserver
+    from pgserver._commands import pg_ctl
 
     data = Path(tempfile.mkdtemp(prefix="idem-restart-pg-"))
-    server = pgserver.get_server(data, cleanup_mode="stop")
+    server = pgserver.get_server(data, cleanup_mode=None)
     try:
         yield server, server.get_uri()
     finally:
-        server.cleanup()
+        # Not server.cleanup(): after a restart it holds the old postmaster's pid,
+        # finds it gone and leaves the new server running.
+        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
         shutil.rmtree(data, ignore_errors=True)
 
 
