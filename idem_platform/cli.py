@@ -63,56 +63,91 @@ def public_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
     out["seconds"] = round(seconds, 3)
     if summary.get("prior") is not None:
         out["prior"] = summary["prior"]
-    for key in ("tables", "schema_versions", "timings", "already_committed", "connector"):
+    for key in ("tables", "schema_versions", "offsets", "sources", "consumer_group", "timings", "already_committed", "notes", "connector"):
         if summary.get(key):
             out[key] = summary[key]
     return out
 
 
-def ingest_files(config: IdemConfig, connector_name: str, files: Sequence[str], *, replay: bool = False) -> dict[str, Any]:
-    """Run the connector's ingest job in process over ``files`` (one commit) and return its summary.
+def ingest_connector(
+    config: IdemConfig, connector_name: str, files: Sequence[str] = (), *, replay: bool = False
+) -> dict[str, Any]:
+    """Run the connector's ingest job in process (one commit) and return its summary.
+
+    A file-drop connector ingests ``files``; a Kafka connector reads every
+    partition from its committed offset up to the end the brokers report now.
 
     Raises:
-        CommandError: the run failed; the message is the underlying error.
+        CommandError: bad arguments, or the run failed (the message is the underlying error).
+        IdemError: the source cannot be planned (brokers unreachable, offsets behind retention).
     """
     from idem_platform.pipeline import check_cluster_reach, plan_batch
-    from idem_platform.postgres.connection import resolve_postgres_url
     from idem_platform.spark.session import spark_config_for, warm_up
 
     connector = config.connector(connector_name)
-    if connector.kind != "filedrop":
-        raise CommandError(f"connector {connector_name!r} is a {connector.kind} connector; ingest takes files")
-    paths = [str(Path(f).resolve()) for f in files]
-    for path in paths:
-        if not Path(path).is_file():
-            raise CommandError(f"no such file: {path}")
-    check_cluster_reach(config.spark_master(), resolve_postgres_url())
-    if not plan_batch(resolve_postgres_url(), connector, paths).fully_replayed:
+    url = resolve_postgres_url()
+    check_cluster_reach(config.spark_master(), url)
+    partition: str | None = None
+    if connector.kind == "kafka":
+        if files:
+            raise CommandError(
+                f"connector {connector_name!r} reads the Kafka topics {', '.join(connector.topics or [])}; "
+                "it takes no files"
+            )
+        batch = plan_batch(url, connector)
+        ranges = [
+            {"topic": u.source["topic"], "partition": u.source["partition"], "start": u.source["start"], "end": u.source["end"]}
+            for u in batch.units
+        ]
+        ingest_config: dict[str, Any] = {"ranges": ranges}
+    elif connector.kind == "filedrop":
+        if not files:
+            raise CommandError(f"connector {connector_name!r} is a file-drop connector: name the files to ingest")
+        paths = [str(Path(f).resolve()) for f in files]
+        for path in paths:
+            if not Path(path).is_file():
+                raise CommandError(f"no such file: {path}")
+        batch = plan_batch(url, connector, paths)
+        partition = _partition_for(connector, paths)
+        ingest_config = {"files": paths}
+    else:
+        raise CommandError(f"connector {connector_name!r} is a {connector.kind} connector; idem ingest cannot run it")
+    if not batch.fully_replayed:
         # Something to commit: start Spark now, in the background, while Dagster
         # sets the run up (the hashes computed here are reused by the run).
         warm_up({k: str(v) for k, v in spark_config_for(config.spark_master(), dict(config.spark.conf)).items()})
+    return _run_job(config, connector, ingest_config, partition, replay=replay)
 
-    import dagster as dg
 
-    from idem_platform.defs.definitions import build_definitions
-    from idem_platform.defs.filedrop.assets import asset_keys
-    from idem_platform.defs.filedrop.definitions import job_name
-    from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
+def _partition_for(connector: Any, paths: list[str]) -> str:
+    from idem_platform.defs.filedrop.partitions import partition_key_for
 
     if len(paths) == 1:
-        partition = partition_key_for(connector, paths[0])
-    else:
-        partition = "batch-" + hashlib.sha256("\n".join(sorted(paths)).encode()).hexdigest()[:16]
+        return partition_key_for(connector, paths[0])
+    return "batch-" + hashlib.sha256("\n".join(sorted(paths)).encode()).hexdigest()[:16]
+
+
+def _run_job(
+    config: IdemConfig, connector: Any, ingest_config: dict[str, Any], partition: str | None, *, replay: bool
+) -> dict[str, Any]:
+    """Execute the connector's Dagster job in process against the instance; return the commit summary."""
+    import dagster as dg
+
+    from idem_platform.defs.connector.assets import asset_keys, job_name
+    from idem_platform.defs.definitions import build_definitions
+    from idem_platform.defs.filedrop.partitions import partitions_for
+
     defs = build_definitions(config)
     job = defs.resolve_job_def(job_name(connector))
     ingest_key, _, committed_key = asset_keys(connector)
     instance = dg.DagsterInstance.get()
-    partitions = partitions_for(connector)
-    if not instance.has_dynamic_partition(partitions.name or "", partition):
-        instance.add_dynamic_partitions(partitions.name or "", [partition])
+    if partition is not None:
+        partitions = partitions_for(connector)
+        if not instance.has_dynamic_partition(partitions.name or "", partition):
+            instance.add_dynamic_partitions(partitions.name or "", [partition])
     result = job.execute_in_process(
         run_config={
-            "ops": {ingest_key.to_python_identifier(): {"config": {"files": paths}}},
+            "ops": {ingest_key.to_python_identifier(): {"config": ingest_config}},
             # Step-by-step DEBUG events stay in the run's event log; the terminal gets INFO.
             "loggers": {"console": {"config": {"log_level": "INFO"}}},
         },
@@ -154,7 +189,7 @@ def cmd_ingest(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     prepare_environment()
     config = load_config(args.config)
-    summary = ingest_files(config, args.connector, args.files, replay=args.replay)
+    summary = ingest_connector(config, args.connector, args.files, replay=args.replay)
     return public_summary(summary, time.monotonic() - started)
 
 
@@ -175,9 +210,9 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     fresh = threatfeed_lines(args.records // 2, seed=2, start=10 * args.records)
     second = write_lines(connector.path / f"threatfeed-{day}-b.ndjson", [*lines[len(lines) // 2 :], *fresh])
     runs = [
-        ingest_files(config, connector.name, [str(first)]),
-        ingest_files(config, connector.name, [str(second)]),
-        ingest_files(config, connector.name, [str(first)]),
+        ingest_connector(config, connector.name, [str(first)]),
+        ingest_connector(config, connector.name, [str(second)]),
+        ingest_connector(config, connector.name, [str(first)]),
     ]
     totals = {k: sum(int(r[k]) for r in runs) for k in ("rows_written", "rows_skipped", "rows_rejected")}
     return {
@@ -233,6 +268,64 @@ def cmd_ledger_purge(args: argparse.Namespace) -> dict[str, Any]:
     return {"purged": purged, "staging_dropped": dropped}
 
 
+def offsets_report(config: IdemConfig, url: str, connector_name: str | None = None) -> list[dict[str, Any]]:
+    """Per Kafka partition: the committed offset, the log's start and end, the lag.
+
+    A connector whose brokers cannot be reached still lists its committed
+    offsets, with ``error`` saying why the rest is missing.
+    """
+    from idem_platform.connectors.kafka.client import describe_partitions
+    from idem_platform.connectors.kafka.lag import partition_lags
+    from idem_platform.connectors.kafka.offsets import offset_rows
+    from idem_platform.errors import KafkaError
+    from idem_platform.postgres import connect
+
+    if connector_name is not None:
+        connectors = [config.connector(connector_name)]
+        if connectors[0].kind != "kafka":
+            raise CommandError(f"connector {connector_name!r} is a {connectors[0].kind} connector; it has no offsets")
+    else:
+        connectors = [c for c in config.connectors if c.kind == "kafka"]
+        if not connectors:
+            raise CommandError("no kafka connector in the config")
+    report: list[dict[str, Any]] = []
+    with connect(url) as conn:
+        stored = {(r["connector"], r["topic"], r["partition"]): r for r in offset_rows(conn, connector_name)}
+    for connector in connectors:
+        mine = {(t, p): r for (c, t, p), r in stored.items() if c == connector.name}
+        try:
+            states = describe_partitions(connector)
+        except KafkaError as exc:
+            for (topic, partition), row in sorted(mine.items()):
+                report.append({"connector": connector.name, "topic": topic, "partition": partition,
+                               "committed": row["next_offset"], "low": None, "high": None, "lag": None,
+                               "commit_id": row["commit_id"], "error": str(exc)})
+            continue
+        committed = {key: row["next_offset"] for key, row in mine.items()}
+        for lag in partition_lags(states, committed):
+            row = mine.get((lag.topic, lag.partition), {})
+            report.append({"connector": connector.name, "topic": lag.topic, "partition": lag.partition,
+                           "committed": lag.committed, "low": lag.low, "high": lag.high, "lag": lag.lag,
+                           "commit_id": row.get("commit_id")})
+    return report
+
+
+def cmd_offsets(args: argparse.Namespace) -> dict[str, Any] | None:
+    url = prepare_environment()
+    config = load_config(args.config)
+    report = offsets_report(config, url, args.connector)
+    if args.json or not sys.stdout.isatty():
+        return {"offsets": report}
+    columns = ("connector", "topic", "partition", "committed", "high", "lag")
+    table = [[str(row.get(c) if row.get(c) is not None else "-") for c in columns] for row in report]
+    widths = [max(len(c), *(len(r[i]) for r in table)) if table else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in table]
+    errors = sorted({row["error"] for row in report if row.get("error")})
+    sys.stdout.write("\n".join(lines + [f"error: {e}" for e in errors]) + "\n")
+    return None
+
+
 def cmd_dev(args: argparse.Namespace) -> dict[str, Any] | None:
     url = prepare_environment()
     if args.config:
@@ -254,10 +347,10 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--config", help=f"idem.yaml (default: ${CONFIG_ENV}, else ./idem.yaml)")
         return sub
 
-    ingest = add("ingest", "ingest files through a connector, in process, exactly once")
+    ingest = add("ingest", "ingest a connector's files, or its Kafka lag, in process, exactly once")
     ingest.add_argument("--connector", required=True)
     ingest.add_argument("--replay", action="store_true", help="tag the run as a replay (skips count as replay_skip)")
-    ingest.add_argument("files", nargs="+")
+    ingest.add_argument("files", nargs="*", help="a file-drop connector's files (none for a Kafka connector)")
     ingest.set_defaults(func=cmd_ingest)
     demo = add("demo", "write sample drops and ingest them (then replay one)")
     demo.add_argument("--records", type=int, default=5000)
@@ -273,6 +366,10 @@ def parser() -> argparse.ArgumentParser:
     purge.add_argument("--config")
     purge.add_argument("--grace-seconds", type=int, default=3600)
     purge.set_defaults(func=cmd_ledger_purge)
+    offsets = add("offsets", "per Kafka partition: committed offset, log end and lag")
+    offsets.add_argument("--connector", help="one Kafka connector (default: all)")
+    offsets.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
+    offsets.set_defaults(func=cmd_offsets)
     dev = add("dev", "start the embedded PostgreSQL if needed, then dagster dev")
     dev.add_argument("--workspace", default="workspace.yaml")
     dev.add_argument("--host", default="127.0.0.1")

@@ -26,6 +26,21 @@ CONFIG_ENV = "IDEM_CONFIG"
 SPARK_MASTER_ENV = "IDEM_SPARK_MASTER"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = NAME_PATTERN.pattern
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+# librdkafka settings idem owns: exactly-once reading depends on them.
+MANAGED_KAFKA_SETTINGS = {
+    "bootstrap.servers": "from bootstrap_servers",
+    "group.id": "from consumer_group",
+    "enable.auto.commit": "offsets live in PostgreSQL",
+    "enable.auto.offset.store": "offsets live in PostgreSQL",
+    "auto.offset.reset": "a missing offset is an error, never a silent jump",
+    "isolation.level": "read_committed, always",
+    "enable.partition.eof": "ranges end at their planned offset",
+}
+_KAFKA_ONLY = (
+    "bootstrap_servers", "topics", "consumer_group", "client_config", "max_records_per_run",
+    "split_records", "start_offset", "offset_gap", "kafka_metadata", "read_timeout_seconds",
+)
 
 
 class _Model(BaseModel):
@@ -86,8 +101,56 @@ class ConnectorConfig(_Model):
     split_bytes: int = Field(64 << 20, ge=1 << 16, description="Bytes per Spark read split.")
     sensor_interval_seconds: int = Field(15, ge=1)
     max_attempts: int = Field(3, ge=1, description="Automatic sensor retries of a failed file.")
-    bootstrap_servers: str | None = None
-    topics: list[str] | None = None
+    key_namespace: str | None = Field(
+        None,
+        pattern=f"^{_NAME}$",
+        description="First part of every record key (default: the connector's name). Connectors of "
+        "one feed that share it (a Kafka topic and its file exports) write each record once.",
+    )
+    # Kafka (kind: kafka)
+    bootstrap_servers: str | None = Field(None, description="kafka: host:port[,host:port...]")
+    topics: list[str] | None = Field(None, description="kafka: the topics read, every partition.")
+    consumer_group: str | None = Field(
+        None, description="kafka: group the committed offsets are mirrored to for lag tools (default idem-<name>)."
+    )
+    client_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="kafka: librdkafka settings for every client (security.protocol, sasl.*, ssl.*, ...).",
+    )
+    max_records_per_run: int | None = Field(None, ge=1, description="kafka: at most this many offsets per run.")
+    split_records: int = Field(100_000, ge=1000, description="kafka: most offsets one Spark task reads.")
+    start_offset: Literal["earliest", "latest"] = Field(
+        "earliest", description="kafka: where a partition with no committed offset starts."
+    )
+    offset_gap: Literal["fail", "skip"] = Field(
+        "fail",
+        description="kafka: when retention deleted messages past the committed offset: fail, or skip "
+        "them (the gap is recorded in idem.commits.sources).",
+    )
+    kafka_metadata: Literal["include", "ignore"] = Field(
+        "include", description="kafka: keep each message's key, headers and timestamp in the _kafka column."
+    )
+    read_timeout_seconds: float = Field(
+        60.0, gt=0, description="kafka: a task fails when its range stops advancing for this long."
+    )
+
+    @field_validator("client_config", mode="before")
+    @classmethod
+    def _client_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for key in value:
+                if key in MANAGED_KAFKA_SETTINGS:
+                    raise ValueError(f"{key!r} is set by idem ({MANAGED_KAFKA_SETTINGS[key]}); remove it")
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
+
+    @field_validator("topics")
+    @classmethod
+    def _topic_names(cls, value: list[str] | None) -> list[str] | None:
+        for topic in value or []:
+            if not _TOPIC.fullmatch(topic):
+                raise ValueError(f"topic {topic!r} is not a Kafka topic name ([a-zA-Z0-9._-]{{1,249}})")
+        return value
 
     @model_validator(mode="after")
     def _routing(self) -> ConnectorConfig:
@@ -95,6 +158,17 @@ class ConnectorConfig(_Model):
             raise ValueError("set exactly one of 'record_type' (fixed) or 'record_type_field'")
         if self.kind == "filedrop" and self.path is None:
             raise ValueError("a filedrop connector needs 'path' (the watched directory)")
+        if self.kind == "kafka":
+            if not self.bootstrap_servers:
+                raise ValueError("a kafka connector needs 'bootstrap_servers' (host:port, or ${KAFKA_BOOTSTRAP_SERVERS})")
+            if not self.topics:
+                raise ValueError("a kafka connector needs 'topics' (a list of topic names)")
+            if len(set(self.topics)) != len(self.topics):
+                raise ValueError("a topic is listed twice in 'topics'")
+        else:
+            wrong = sorted(name for name in _KAFKA_ONLY if name in self.model_fields_set)
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)}: only for kind: kafka connectors")
         return self
 
     @property
@@ -103,6 +177,21 @@ class ConnectorConfig(_Model):
         if self.schema_evolve is not None:
             return self.schema_evolve
         return self.kind != "kafka"
+
+    @property
+    def key_prefix(self) -> str:
+        """The first part of this connector's record keys."""
+        return self.key_namespace or self.name
+
+    @property
+    def group(self) -> str:
+        """The Kafka consumer group offsets are mirrored to."""
+        return self.consumer_group or f"idem-{self.name}"
+
+    @property
+    def meta_column(self) -> str | None:
+        """The table column that keeps the records' source metadata, if any."""
+        return "_kafka" if self.kind == "kafka" and self.kafka_metadata == "include" else None
 
 
 class SparkConfig(_Model):

@@ -93,3 +93,17 @@ class InFlightError(TransientError):
 class EmbeddedPostgresError(TerminalError):
     """The embedded PostgreSQL cannot serve this setup (e.g. a cluster master)."""
 
+
+
+class SourceMoved(TerminalError):
+    """A source's committed position moved under this commit (another run committed the
+    range first): this run commits nothing."""
+
+
+class KafkaError(TransientError):
+    """A Kafka broker could not be reached or refused a request (retried later)."""
+
+
+class OffsetGapError(TerminalError):
+    """Committed offsets point below a partition's log start: retention deleted messages
+    before they were ingested, and the connector's ``offset_gap`` policy is ``fail``."""

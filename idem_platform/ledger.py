@@ -233,6 +233,33 @@ class Ledger:
         return {row[0]: LedgerEntry(*row) for row in rows}
 
 
+def next_attempt(entry: LedgerEntry | None, *, alive: bool, max_attempts: int, new: str = "new") -> tuple[int | None, str]:
+    """Whether a sensor should run a key (again), as ``(attempt or None, reason)``.
+
+    A key is run when it has no row, when its run died (``in_progress`` with
+    nobody holding its advisory lock: ``alive`` is false) or when it failed with
+    a retryable error, while attempts are left; never when it is committed, a
+    live run holds it, or it failed permanently.
+    """
+    if entry is None:
+        return 1, new
+    if entry.status == "committed":
+        return None, "committed"
+    if entry.status == "in_progress":
+        if alive:
+            return None, "a live run is ingesting it"
+        if entry.attempts >= max_attempts:
+            return None, f"its run died after {entry.attempts} attempts"
+        return entry.attempts + 1, "its previous run died"
+    error = entry.error or {}
+    message = str(error.get("message", ""))[:200]
+    if not error.get("retryable", False):
+        return None, f"failed permanently: {message}"
+    if entry.attempts >= max_attempts:
+        return None, f"failed {entry.attempts} times: {message}"
+    return entry.attempts + 1, "retrying a failed attempt"
+
+
 def purge_expired(
     conn: psycopg.Connection, *, now: datetime | None = None, grace: timedelta = timedelta(0)
 ) -> int:

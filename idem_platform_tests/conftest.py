@@ -119,8 +119,8 @@ def spark():  # type: ignore[no-untyped-def]
 
 
 def lines_batch(lines: list[bytes], first_line: int = 1, file_index: int = 0) -> pa.RecordBatch:
-    """An ``ingest``-frame batch (``LINES_SCHEMA``) of ``lines``, numbered from ``first_line``."""
-    from idem_platform.coercion.records import LINES_SCHEMA
+    """An ``ingest``-frame batch (``RECORDS_SCHEMA``) of a file's ``lines``, numbered from ``first_line``."""
+    from idem_platform.connectors.batch import RECORDS_SCHEMA
 
     return pa.RecordBatch.from_arrays(
         [
@@ -128,8 +128,10 @@ def lines_batch(lines: list[bytes], first_line: int = 1, file_index: int = 0) ->
             pa.array(range(first_line, first_line + len(lines)), pa.int64()),
             pa.array(lines, pa.binary()),
             pa.array([len(line) for line in lines], pa.int64()),
+            pa.nulls(len(lines), pa.string()),
+            pa.nulls(len(lines), pa.int64()),
         ],
-        schema=LINES_SCHEMA,
+        schema=RECORDS_SCHEMA,
     )
 
 

@@ -23,8 +23,8 @@ from idem_platform.commit.staging import (
     new_attempt_id,
 )
 from idem_platform.config import IdemConfig
+from idem_platform.connectors.filedrop import Split, batch_of_files, hash_file
 from idem_platform.errors import TransientError
-from idem_platform.filedrop.files import Split, hash_file
 from idem_platform.ledger import Ledger
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
@@ -48,14 +48,16 @@ def staged(pg_url: str, threatfeed: IdemConfig, tmp_path: Path) -> tuple[CommitP
     )
     connector = threatfeed.connector("threatfeed")
     tables = threatfeed.tables_for(connector)
+    batch = batch_of_files("threatfeed", [file], {})
     spec = RecordSpec(
-        connector="threatfeed", tables=tables, file_sha256=(file.sha256,), record_type_field="type", spark_types=True
+        connector="threatfeed", tables=tables, units=((batch.pending[0].position_prefix, 0),),
+        record_type_field="type", spark_types=True,
     )
     commit_id = str(uuid.uuid4())
     plan = CommitPlan(
-        commit_id=commit_id, connector="threatfeed", run_id="t", owner=f"t/{commit_id}", files=(file,),
-        tables=tables, evolve=True, max_reject_ratio=1.0, replay=False, replay_window_seconds=3600,
-        started_at=datetime.now(UTC).isoformat(), spec=spec,
+        commit_id=commit_id, connector="threatfeed", run_id="t", owner=f"t/{commit_id}", units=batch.pending,
+        slices=batch.slices, tables=tables, evolve=True, max_reject_ratio=1.0, replay=False,
+        replay_window_seconds=3600, started_at=datetime.now(UTC).isoformat(), spec=spec,
     )
     with connect(pg_url) as conn:
         with conn.transaction():
@@ -105,7 +107,7 @@ def test_a_claim_taken_by_another_run_commits_nothing(pg_url: str, staged: tuple
     plan, lines, spec = staged
     messages = [_stage(pg_url, plan, _batch(lines[:20], 1, spec), 0), _stage(pg_url, plan, _batch(lines[20:], 21, spec), 1)]
     with connect(pg_url) as conn, conn.transaction():
-        Ledger(conn, "threatfeed").take_over(plan.files[0].key, "another-run/xyz")
+        Ledger(conn, "threatfeed").take_over(plan.units[0].key, "another-run/xyz")
     with connect(pg_url) as conn, pytest.raises(ClaimLost, match="no longer owns it"):
         promote(conn, plan, messages)
     with connect(pg_url) as conn:

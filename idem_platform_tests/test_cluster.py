@@ -17,7 +17,8 @@ import yaml
 
 from idem_platform.coercion.records import coerce_batch
 from idem_platform.config import IdemConfig
-from idem_platform.filedrop.files import hash_file
+from idem_platform.connectors.batch import Unit
+from idem_platform.connectors.filedrop.files import hash_file
 from idem_platform.pipeline import record_spec
 from idem_platform.postgres import connect
 from idem_platform.postgres.connection import is_unix_socket_url
@@ -108,7 +109,8 @@ def stored_keys(pg_url: str) -> set[str]:
 def expected_keys(config: IdemConfig, lines: list[str], sha256: str) -> set[str]:
     """The keys the coercion gives these lines (computed here, without Spark)."""
     connector = config.connector("threatfeed")
-    spec = record_spec(connector, config.tables_for(connector), [type("F", (), {"sha256": sha256})()])
+    unit = Unit(id="f", key=f"filedrop:{sha256}", request={}, position_prefix=f"{sha256[:16]}#L", label="f", records=0, source={})
+    spec = record_spec(connector, config.tables_for(connector), [unit])
     batch = lines_batch([line.encode() for line in lines])
     return {k for k in coerce_batch(batch, spec).column("_idempotency_key").to_pylist() if k}
 

@@ -89,7 +89,7 @@ SPEC = RecordSpec(
         ),
         "other": TableSpec("other", 1, (Column("name", ColumnType.parse("string")),)),
     },
-    file_sha256=("ab" * 32,),
+    units=(("abababababababab#L", 0),),
     record_type_field="type",
     id_field="id",
 )

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from idem_platform.connectors.filedrop import files as files_module
+from idem_platform.connectors.filedrop.files import hash_file
+from idem_platform.connectors.filedrop.reader import read_split
 from idem_platform.errors import FileChangedError
-from idem_platform.filedrop import files as files_module
-from idem_platform.filedrop.files import hash_file
-from idem_platform.filedrop.reader import read_split
 
 
 def read_all(path: Path, split_bytes: int, *, max_line_bytes: int = 1 << 20, block: int = 1 << 20) -> list[tuple[int, bytes, int]]:
@@ -19,7 +19,7 @@ def read_all(path: Path, split_bytes: int, *, max_line_bytes: int = 1 << 20, blo
     out = []
     for split in file.splits:
         for batch in read_split(file, split, 0, max_line_bytes=max_line_bytes, block_bytes=block):
-            rows = zip(batch.column("_line").to_pylist(), batch.column("_raw").to_pylist(), batch.column("_raw_length").to_pylist(), strict=True)
+            rows = zip(batch.column("_offset").to_pylist(), batch.column("_raw").to_pylist(), batch.column("_raw_length").to_pylist(), strict=True)
             out.extend(rows)
     return out
 
@@ -66,7 +66,7 @@ def test_a_huge_file_is_hashed_and_read_in_bounded_memory(tmp_path: Path) -> Non
     rows = []
     for split in file.splits:
         for batch in read_split(file, split, 0, max_line_bytes=1 << 20):
-            rows.extend(zip(batch.column("_line").to_pylist(), batch.column("_raw_length").to_pylist(), strict=True))
+            rows.extend(zip(batch.column("_offset").to_pylist(), batch.column("_raw_length").to_pylist(), strict=True))
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert file.lines == 1 and rows == [(1, size - 1)]
     assert grown_mib < 128, f"peak memory grew by {grown_mib:.0f} MiB"

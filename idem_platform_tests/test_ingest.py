@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from idem_platform import pipeline
+from idem_platform.commit import run
 from idem_platform.config import IdemConfig
 from idem_platform.errors import FileChangedError, RejectRatioExceeded
 from idem_platform.postgres import connect
@@ -39,8 +40,8 @@ def ingest(url: str, config: IdemConfig, spark: Any, *paths: Path, replay: bool 
             raise AssertionError("Spark was needed for a batch that should replay")
         return spark
 
-    request = pipeline.CommitRequest(url=url, connector=connector, run_id="test", replay=replay)
-    return pipeline.commit_batch(request, coerced, session)
+    request = run.CommitRequest(url=url, connector=connector, run_id="test", replay=replay)
+    return run.commit_batch(request, coerced, session)
 
 
 def rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -194,9 +195,9 @@ def test_a_file_changed_after_hashing_commits_nothing(pg_url: str, threatfeed: I
     drop.write_bytes(data.replace(b"bad.example", b"bad.exampl3"))  # same size, other bytes
 
     coerced = pipeline.CoercedBatch(batch, connector, pipeline.current_tables(pg_url, threatfeed, connector))
-    request = pipeline.CommitRequest(url=pg_url, connector=connector, run_id="test")
+    request = run.CommitRequest(url=pg_url, connector=connector, run_id="test")
     with pytest.raises(FileChangedError, match="changed since it was hashed"):
-        pipeline.commit_batch(request, coerced, lambda: spark)
+        run.commit_batch(request, coerced, lambda: spark)
     assert rows(pg_url, "SELECT count(*) FROM idem.indicator") == [(0,)]
     (status, error) = rows(pg_url, "SELECT status, error FROM idem.ingest_ledger")[0]
     assert status == "failed" and error["retryable"] is True
@@ -207,12 +208,12 @@ def test_the_lazy_frames_show_exactly_what_was_committed(
 ) -> None:
     """The ``ingest`` and ``coerced`` assets' frames (read by the Python data source, coerced
     by mapInArrow) hold the same keys and rejects as the committed tables."""
-    from idem_platform.filedrop.files import hash_file
+    from idem_platform.connectors.filedrop import batch_of_files, hash_file
 
     summary = ingest(pg_url, threatfeed, spark, drop)
     connector = threatfeed.connector("threatfeed")
-    batch = pipeline.IngestBatch("threatfeed", (hash_file(drop),))
-    lines = pipeline.lines_frame(spark, batch, connector)
+    batch = batch_of_files("threatfeed", [hash_file(drop)], {})
+    lines = pipeline.records_frame(spark, batch, connector)
     assert lines.count() == len(LINES)
     frame = pipeline.CoercedBatch(batch, connector, pipeline.current_tables(pg_url, threatfeed, connector)).frame(spark)
     coerced = frame.select("_idempotency_key", "_errors").toArrow().to_pylist()

@@ -56,7 +56,7 @@ def test_file_key_vectors(case: dict, tmp_path: Path) -> None:
     data = bytes.fromhex(case["bytes_hex"])
     assert file_key(data) == case["key"]
     # The chunked hash of a dropped file agrees with the one-shot hash.
-    from idem_platform.filedrop.files import hash_file
+    from idem_platform.connectors.filedrop.files import hash_file
 
     path = tmp_path / "drop.ndjson"
     path.write_bytes(data)

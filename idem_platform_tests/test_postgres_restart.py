@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from idem_platform.config import parse_config
-from idem_platform.filedrop.files import hash_file
+from idem_platform.connectors.filedrop.files import hash_file
 from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import threatfeed_lines, write_lines

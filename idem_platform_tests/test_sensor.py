@@ -10,10 +10,10 @@ import dagster as dg
 import pytest
 
 from idem_platform.config import IdemConfig
+from idem_platform.connectors.filedrop.files import hash_file
 from idem_platform.defs.definitions import build_definitions
 from idem_platform.defs.filedrop.sensors import decide
 from idem_platform.defs.resources import PostgresResource
-from idem_platform.filedrop.files import hash_file
 from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines

@@ -1,18 +1,19 @@
-"""Lines to typed rows: parse, key, route, coerce and split rows from rejects.
+"""Raw records to typed rows: parse, key, route, coerce and split rows from rejects.
 
-This runs per record inside Spark's Python workers (``mapInArrow``), one Arrow
-batch at a time; it never runs as a driver loop. It is deliberately free of
-Spark and Dagster so it can be tested as a plain function and reused by every
-path (file drop, Kafka, HTTP).
+This runs per record inside Spark's Python workers, one Arrow batch at a time;
+it never runs as a driver loop. It is deliberately free of Spark, Dagster and
+any source: every connector (file drop, Kafka, HTTP) feeds it the same batches.
 
-Input batch (the ``ingest`` frame): ``_file`` int32 (index into the batch's
-files), ``_line`` int64 (1-based), ``_raw`` binary (the line, possibly cut at
-``max_line_bytes``), ``_raw_length`` int64 (the line's real length).
+Input batch (:data:`~idem_platform.connectors.batch.RECORDS_SCHEMA`): ``_unit``
+(index of the record's unit, whose position prefix the spec carries),
+``_offset`` (line number or offset), ``_raw`` (the bytes, possibly cut at
+``max_line_bytes``; null when the source had no value), ``_raw_length``,
+``_meta`` (source metadata JSON) and ``_timestamp``.
 
-Output batch (the ``coerced`` frame), one row per non-blank line:
-system columns, one struct column per record type holding its typed columns
-(null for rows of other types and for rejects), ``_errors`` (JSON list, set only
-on rejects) and ``_raw`` (only on rejects).
+Output batch (the ``coerced`` frame), one row per record (blank lines of a file
+are not records): system columns, one struct column per record type holding its
+typed columns (null for rows of other types and for rejects), ``_errors`` (JSON
+list, set only on rejects) and ``_raw`` (only on rejects).
 """
 
 from __future__ import annotations
@@ -41,14 +42,6 @@ RAW_CAP = 4096
 _BOM = b"\xef\xbb\xbf"
 _NUL_ESCAPE = b"\\u0000"
 
-LINES_SCHEMA = pa.schema(
-    [
-        pa.field("_file", pa.int32()),
-        pa.field("_line", pa.int64()),
-        pa.field("_raw", pa.binary()),
-        pa.field("_raw_length", pa.int64()),
-    ]
-)
 SYSTEM_FIELDS = [
     pa.field("_pos", pa.int64()),
     pa.field("_source", pa.string()),
@@ -62,21 +55,31 @@ SYSTEM_FIELDS = [
     pa.field("_errors", pa.string()),
     pa.field("_raw", pa.string()),
     pa.field("_raw_length", pa.int64()),
+    pa.field("_meta", pa.string()),
 ]
 
 
 @dataclass(frozen=True)
 class RecordSpec:
-    """Everything a Python worker needs to turn lines into rows; pickled to executors.
+    """Everything a Python worker needs to turn raw records into rows; pickled to executors.
 
     Nothing here refers to driver state: the catalog (with columns added by
-    earlier evolution), the connector's rules and the files' hashes travel with
-    the task, so the same code runs on ``local[*]`` and on a cluster.
+    earlier evolution), the connector's rules and the units' position prefixes
+    travel with the task, so the same code runs on ``local[*]`` and on a cluster.
+
+    Attributes:
+        connector: the key namespace (the connector's name unless it shares keys).
+        units: per unit index, ``(position prefix, base)``: a record's position
+            is the prefix and its offset; ``_pos`` holds the offset minus the base.
+        lines: records are lines of a text file: blank lines are no records and a
+            UTF-8 BOM may open line 1. Otherwise a blank or missing value is a reject.
+        noun: what a record is called in reject reasons (``line``, ``message``).
+        keep_meta: carry the source metadata (``_meta``) into the rows.
     """
 
     connector: str
     tables: dict[str, TableSpec]
-    file_sha256: tuple[str, ...]
+    units: tuple[tuple[str, int], ...]
     record_type: str | None = None
     record_type_field: str | None = None
     id_field: str = "id"
@@ -86,6 +89,9 @@ class RecordSpec:
     ignored_fields: frozenset[str] = field(default_factory=frozenset)
     spark_types: bool = False
     dynamic_values: bool = True  # False on the commit path: PostgreSQL reads them from _payload
+    lines: bool = True
+    noun: str = "line"
+    keep_meta: bool = False
 
     def output_schema(self) -> pa.Schema:
         """The Arrow schema of :func:`coerce_batch`'s output."""
@@ -236,8 +242,8 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
     are computed for the whole batch at once.
     """
     raws = batch.column("_raw").to_pylist()
-    lines_np = batch.column("_line").to_numpy(zero_copy_only=False)
-    files_np = batch.column("_file").to_numpy(zero_copy_only=False)
+    offsets_np = batch.column("_offset").to_numpy(zero_copy_only=False)
+    units_np = batch.column("_unit").to_numpy(zero_copy_only=False)
     raw_lengths = batch.column("_raw_length").to_numpy(zero_copy_only=False)
     ignored = spec.ignored_fields | {spec.id_field} | ({spec.record_type_field} if spec.record_type_field else set())
     tables = {name: _TableRows(table, frozenset(ignored)) for name, table in spec.tables.items()}
@@ -246,7 +252,9 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
     type_field = spec.record_type_field
     id_field = spec.id_field
     connector = spec.connector
-    prefixes = [f"{sha[:16]}#L" for sha in spec.file_sha256]
+    prefixes = [prefix for prefix, _ in spec.units]
+    noun = spec.noun
+    lines = spec.lines
     evolve = spec.evolve
     max_line_bytes = spec.max_line_bytes
     too_long = set(np.flatnonzero(raw_lengths > max_line_bytes).tolist()) if len(raws) else set()
@@ -268,31 +276,38 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
     fresh: list[tuple[bytes | None, str, int]] = []  # rows first seen in this batch
 
     for i, raw in enumerate(raws):
-        if not raw or raw.isspace():
-            continue  # a blank line is not a record (its number still counts)
-        if raw[0] == 0xEF and raw.startswith(_BOM) and lines_np[i] == 1:
-            raw = raw[3:]
-        if repeats is not None:
-            known = seen_lines.get(raw)
-            if known is not None:
-                if type(known) is int:
-                    repeated_in_batch.append((i, known))  # first seen in this batch
-                else:
-                    repeats.count(known)  # type: ignore[arg-type]
-                continue
+        blank = not raw or raw.isspace()
+        if blank:
+            if lines and raw is not None:
+                continue  # a blank line is not a record (its number still counts)
+        else:
+            if lines and raw[0] == 0xEF and raw.startswith(_BOM) and offsets_np[i] == 1:
+                raw = raw[3:]
+            if repeats is not None:
+                known = seen_lines.get(raw)
+                if known is not None:
+                    if type(known) is int:
+                        repeated_in_batch.append((i, known))  # first seen in this batch
+                    else:
+                        repeats.count(known)  # type: ignore[arg-type]
+                    continue
         try:
+            if blank:
+                if raw is None:
+                    raise _line_error("no_value", f"{noun} has no value (null: a tombstone or a deletion marker)")
+                raise _line_error("blank", f"{noun} is blank")
             if i in too_long:
                 raise _line_error(
                     "too_long",
-                    f"line is {int(raw_lengths[i])} bytes long; the limit is {max_line_bytes} (max_line_bytes)",
+                    f"{noun} is {int(raw_lengths[i])} bytes long; the limit is {max_line_bytes} (max_line_bytes)",
                 )
             try:
                 # Trailing "\r\n" is JSON whitespace: no need to strip it first.
                 record, canonical = parse_and_canonicalize(raw)
             except InvalidJSON as exc:
-                raise _line_error("json", f"line is not valid JSON: {exc}") from None
+                raise _line_error("json", f"{noun} is not valid JSON: {exc}") from None
             if type(record) is not dict:
-                raise _line_error("not_object", f"line is {json_kind(record)}, not a JSON object")
+                raise _line_error("not_object", f"{noun} is {json_kind(record)}, not a JSON object")
             if _NUL_ESCAPE in canonical and _has_nul(record):
                 raise _line_error(
                     "nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store"
@@ -306,7 +321,7 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
             digest = sha1(canonical).hexdigest()
             ext_id = record.get(id_field)
             if type(ext_id) is not str:  # numbers, missing ids, objects: the slow, exact rules
-                source = f"{prefixes[files_np[i]]}{lines_np[i]}"
+                source = f"{prefixes[units_np[i]]}{offsets_np[i]}"
                 ext_id = _ext_id(record, id_field, spec.missing_id, source, digest)
         except _Reject as reject:
             out_input.append(i)
@@ -391,20 +406,22 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
         for name in sorted(tables)
     ]
     taken = np.asarray(out_input, dtype=np.int64)
-    out_files = files_np[taken].astype(np.int64)
-    out_lines = lines_np[taken].astype(np.int64)
+    out_units = units_np[taken].astype(np.int64)
+    out_offsets = offsets_np[taken].astype(np.int64)
+    bases = np.asarray([base for _, base in spec.units] or [0], dtype=np.int64)
     source = pc.binary_join_element_wise(
-        pa.array(prefixes, pa.string()).take(pa.array(out_files)), pa.array(out_lines).cast(pa.string()), ""
+        pa.array(prefixes, pa.string()).take(pa.array(out_units)), pa.array(out_offsets).cast(pa.string()), ""
     )
     out_raw: list[str | None] = [None] * n
     out_raw_len: list[int | None] = [None] * n
     for row, error in enumerate(out_errors):
         if error is not None:
             i = out_input[row]
-            out_raw[row] = _raw_text(raws[i].rstrip(b"\r\n"))
+            raw = raws[i]
+            out_raw[row] = _raw_text(raw.rstrip(b"\r\n")) if raw is not None else ""
             out_raw_len[row] = int(raw_lengths[i])
     arrays = [
-        pa.array((out_files << LINE_BITS) | out_lines, pa.int64()),
+        pa.array((out_units << LINE_BITS) | (out_offsets - bases[out_units]), pa.int64()),
         source,
         pa.array(out_type, pa.string()),
         pa.array(out_key, pa.string()),
@@ -416,9 +433,22 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
         pa.array(out_errors, pa.string()),
         pa.array(out_raw, pa.string()),
         pa.array(out_raw_len, pa.int64()),
+        _metadata(batch.column("_meta"), taken, out_errors, keep=spec.keep_meta),
         *structs,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=spec.output_schema())
+
+
+def _metadata(meta: pa.Array, taken: np.ndarray, errors: list[str | None], *, keep: bool) -> pa.Array:
+    """The output rows' source metadata: always on rejects (a poison message's key and
+    offset), on good rows only when the connector keeps it."""
+    if meta.null_count == len(meta):
+        return pa.nulls(len(taken), pa.string())
+    rows = meta.take(pa.array(taken, pa.int64()))
+    if keep:
+        return rows
+    rejected = pa.array([error is not None for error in errors], pa.bool_())
+    return pc.if_else(rejected, rows, pa.scalar(None, pa.string()))
 
 
 def _unknown(record: dict[str, Any], skip: frozenset[str]) -> tuple[str | None, str | None]:

@@ -1,30 +1,41 @@
 """What one commit is about to do: the picklable plan shipped to every staging task.
 
 Everything an executor needs travels in this object with each task (plus the
-PostgreSQL URL): the files and their splits, the catalog, the connector's rules.
-Nothing depends on the driver process's memory, so the write behaves the same on
-``local[*]`` and on a cluster.
+PostgreSQL URL): the units and the slices to read, the catalog, the connector's
+rules. Nothing depends on the driver process's memory, so the write behaves the
+same on ``local[*]`` and on a cluster. Nothing here knows which source the
+units came from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from idem_platform.catalog import TableSpec
 from idem_platform.coercion.records import RecordSpec
-from idem_platform.filedrop.files import DroppedFile, Split
+from idem_platform.connectors.batch import CommitStep, Slice, Unit
 
 
 @dataclass(frozen=True)
 class CommitPlan:
-    """One commit of one connector's batch of files."""
+    """One commit of one connector's batch of units.
+
+    Attributes:
+        units: the pending units, in ``_unit`` index order.
+        slices: what each staging task reads (one input partition each).
+        step: source state moved inside the promoting transaction (Kafka offsets).
+        meta_column: the tables' column that receives the records' source
+            metadata (``_kafka``), or ``None`` to keep none.
+    """
 
     commit_id: str
     connector: str
     run_id: str | None
     owner: str
-    files: tuple[DroppedFile, ...]
+    units: tuple[Unit, ...]
+    slices: tuple[Slice, ...]
     tables: dict[str, TableSpec]
     evolve: bool
     max_reject_ratio: float
@@ -32,15 +43,17 @@ class CommitPlan:
     replay_window_seconds: int
     started_at: str
     spec: RecordSpec
+    step: CommitStep | None = None
+    meta_column: str | None = None
 
-    @property
-    def splits(self) -> list[tuple[int, Split]]:
-        """``(file index, split)`` of every input partition, in partition order."""
-        return [(index, split) for index, file in enumerate(self.files) for split in file.splits]
+    @cached_property
+    def index_of(self) -> dict[str, int]:
+        """Unit id -> its index (the records' ``_unit``)."""
+        return {unit.id: index for index, unit in enumerate(self.units)}
 
     @property
     def input_partitions(self) -> int:
-        return max(1, len(self.splits))
+        return max(1, len(self.slices))
 
     @property
     def staging_prefix(self) -> str:
@@ -56,9 +69,9 @@ class CommitPlan:
         return f"{self.staging_prefix}_rejects"
 
     def ledger_keys(self) -> list[str]:
-        """The distinct file keys (two paths with the same bytes share one ledger row)."""
-        return sorted({f.key for f in self.files})
+        """The distinct ledger keys (two files with the same bytes share one ledger row)."""
+        return sorted({unit.key for unit in self.units})
 
     def sources(self) -> list[dict[str, Any]]:
-        """The ``sources`` of the commits row: every file with its key, size and lines."""
-        return [{"file": f.path, "key": f.key, "bytes": f.size, "lines": f.lines} for f in self.files]
+        """The ``sources`` of the commits row: every unit's entry."""
+        return [unit.source for unit in self.units]

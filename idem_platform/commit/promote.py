@@ -3,13 +3,15 @@
 Runs on the driver, opened before the first split is staged and fed the
 accepted attempt of each split in split order. In one PostgreSQL transaction it:
 
-1. re-checks the ledger rows of the batch's files under ``FOR UPDATE`` (still
+1. re-checks the ledger rows of the batch's units under ``FOR UPDATE`` (still
    ``in_progress`` and owned by this commit, or nothing is promoted);
 2. takes ``SHARE ROW EXCLUSIVE`` on the record tables (concurrent commits to the
    same tables serialise; readers are never blocked), then per split and record
    type widens the table for new fields and inserts the staged rows of the
    *accepted* attempt only, first occurrence per key, skipping keys already present;
-3. records rejects, the execution log, the ``commits`` row and the ledger results;
+3. runs the source's commit step (the Kafka offsets' compare-and-set: if
+   another run moved them, nothing commits), then records rejects, the
+   execution log, the ``commits`` row and the ledger results;
 4. drops the staging tables.
 
 A crash before COMMIT leaves nothing visible; a retry after COMMIT finds the
@@ -23,7 +25,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -60,10 +62,11 @@ class StagedAttempt:
     rejected: int = 0
     repeats: dict[str, int] = field(default_factory=dict)  # repeats counted, not staged
     unique_keys: bool = False  # the attempt staged no key twice (no DISTINCT ON needed)
+    max_timestamps: dict[int, int] = field(default_factory=dict)  # unit index -> newest source timestamp (ms)
 
 
 class ClaimLost(TransientError):
-    """The files' ledger rows are no longer this commit's (another run took them)."""
+    """The units' ledger rows are no longer this commit's (another run took them)."""
 
 
 def accepted_attempts(plan: CommitPlan, messages: list[StagedAttempt | None]) -> list[StagedAttempt]:
@@ -100,9 +103,9 @@ def _reject_reasons(conn: psycopg.Connection, plan: CommitPlan, chosen: list[Sta
     ).fetchall()
     reasons = []
     for pos, errors in rows:
-        file = plan.files[pos >> LINE_BITS]
+        unit = plan.units[pos >> LINE_BITS]
         messages = "; ".join(e["message"] for e in errors)
-        reasons.append(f"{file.path}:{pos & LINE_MASK}: {messages}")
+        reasons.append(f"{unit.locate(unit.base + (pos & LINE_MASK))}: {messages}")
     return reasons
 
 
@@ -113,11 +116,11 @@ def _claim(conn: psycopg.Connection, plan: CommitPlan) -> None:
         [plan.connector, plan.ledger_keys()],
     ).fetchall()
     found = {key: (status, owner) for key, status, owner in rows}
-    for file in {f.key: f for f in plan.files}.values():
-        status, owner = found.get(file.key, (None, None))
+    for unit in {u.key: u for u in plan.units}.values():
+        status, owner = found.get(unit.key, (None, None))
         if status != "in_progress" or owner != plan.owner:
             raise ClaimLost(
-                f"{file.path} ({file.key}) is {status or 'not in the ledger'}"
+                f"{unit.label} ({unit.key}) is {status or 'not in the ledger'}"
                 f"{f' (owner {owner})' if owner and owner != plan.owner else ''}; "
                 "this commit no longer owns it, nothing was committed"
             )
@@ -154,7 +157,7 @@ def _insert_rows(
     target = [
         "_idempotency_key", "_connector", "_record_type", "_external_id", "_content_hash",
         "_schema_version", "_commit_id", "_ingested_at", "_source", "_payload",
-    ] + typed + evolution.fill + ["props"]
+    ] + typed + evolution.fill + ["props"] + ([plan.meta_column] if plan.meta_column else [])
     props = sql.SQL("s._props")
     if evolution.to_props:
         props = sql.SQL(
@@ -174,6 +177,8 @@ def _insert_rows(
     ]
     select += [sql.SQL("s._extra ->> {}").format(sql.Literal(name)) for name in evolution.fill]
     select.append(props)
+    if plan.meta_column:
+        select.append(sql.SQL("s._meta"))
     # First occurrence per key wins. An attempt whose executor vouched for distinct
     # keys needs no sort of its wide rows; the anti-join alone skips keys already
     # in the table (committed, or promoted from an earlier split of this commit).
@@ -208,12 +213,14 @@ def _insert_rejects(conn: psycopg.Connection, plan: CommitPlan, chosen: list[Sta
 
 
 def _insert_attempt_rejects(conn: psycopg.Connection, plan: CommitPlan, stage: sql.Composed) -> int:
+    # source: the unit's ledger key; position: as staged; line: the record's
+    # offset in its unit (a file's line number, a message's offset).
     statement = sql.SQL(
-        "INSERT INTO {rejects} (commit_id, connector, source, position, line, raw, raw_length, reasons) "
-        "SELECT %(commit_id)s::uuid, %(connector)s, f.key, f.sha16 || '#L' || (r._pos & {mask}), "
-        "r._pos & {mask}, r._raw, r._raw_length, r._errors "
-        "FROM {stage} r JOIN unnest(%(idx)s::int[], %(keys)s::text[], %(sha16)s::text[]) "
-        "AS f(idx, key, sha16) ON f.idx = (r._pos >> {bits}) "
+        "INSERT INTO {rejects} (commit_id, connector, source, position, line, raw, raw_length, reasons, context) "
+        "SELECT %(commit_id)s::uuid, %(connector)s, f.key, r._source, f.base + (r._pos & {mask}), "
+        "r._raw, r._raw_length, r._errors, r._meta "
+        "FROM {stage} r JOIN unnest(%(idx)s::int[], %(keys)s::text[], %(bases)s::bigint[]) "
+        "AS f(idx, key, base) ON f.idx = (r._pos >> {bits}) "
         "ORDER BY r._pos"
     ).format(
         rejects=sql.SQL(f"{SCHEMA}.rejects"),
@@ -224,9 +231,9 @@ def _insert_attempt_rejects(conn: psycopg.Connection, plan: CommitPlan, stage: s
     params = {
         "commit_id": plan.commit_id,
         "connector": plan.connector,
-        "idx": list(range(len(plan.files))),
-        "keys": [f.key for f in plan.files],
-        "sha16": [f.sha256[:16] for f in plan.files],
+        "idx": list(range(len(plan.units))),
+        "keys": [unit.key for unit in plan.units],
+        "bases": [unit.base for unit in plan.units],
     }
     return conn.execute(statement, params).rowcount
 
@@ -258,6 +265,7 @@ class Promotion:
         self.added: dict[str, list[str]] = {rt: [] for rt in plan.tables}
         self.to_props: dict[str, list[str]] = {rt: [] for rt in plan.tables}
         self.budget = MAX_NEW_COLUMNS
+        self.max_timestamps: dict[str, int] = {}  # unit id -> newest source timestamp read (ms)
         self.insert_seconds = 0.0
         self._transaction: Any = None
 
@@ -289,6 +297,9 @@ class Promotion:
         if message.partition in self.accepted:
             return  # a second report of a partition (speculation): its rows are not ours
         self.accepted[message.partition] = message
+        for index, stamp in message.max_timestamps.items():
+            unit = self.plan.units[index].id
+            self.max_timestamps[unit] = max(stamp, self.max_timestamps.get(unit, stamp))
         started = time.monotonic()
         for record_type in sorted(self.plan.tables):
             self.staged[record_type] += message.repeats.get(record_type, 0)
@@ -349,8 +360,10 @@ class Promotion:
                 reasons=reasons,
             )
         checkpoint("before_promote")
+        moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
         rows_rejected = _insert_rejects(self.conn, plan, chosen) if rejected else 0
-        assert rows_rejected == rejected, f"staged {rejected} rejects but promoted {rows_rejected}"
+        if rows_rejected != rejected:
+            raise TransientError(f"staged {rejected} rejects but promoted {rows_rejected}; nothing was committed")
         tables = {
             rt: {
                 "written": self.written[rt],
@@ -371,12 +384,14 @@ class Promotion:
             "rows_skipped": rows_skipped,
             "rows_rejected": rows_rejected,
             "replayed": False,
-            "files": plan.sources(),
+            **sources_of(plan.sources()),
             "tables": tables,
             "schema_versions": {rt: plan.tables[rt].schema_version for rt in sorted(plan.tables)},
             "timings": {"insert_seconds": round(self.insert_seconds, 3)},
         }
-        _record_commit(self.conn, plan, result, replay=False)
+        valid_through = moved.pop("valid_through", None)
+        result.update(moved)
+        _record_commit(self.conn, plan, result, replay=False, valid_through=valid_through)
         _log(self.conn, plan.commit_id, rows_written, rows_skipped, rows_rejected, replay=plan.replay)
         ledger = Ledger(self.conn, plan.connector, replay_window=timedelta(seconds=plan.replay_window_seconds))
         for key in plan.ledger_keys():
@@ -439,17 +454,33 @@ def promote(conn: psycopg.Connection, plan: CommitPlan, messages: list[StagedAtt
         return promotion.finish()
 
 
-def _record_commit(conn: psycopg.Connection, plan: CommitPlan, result: dict[str, Any], *, replay: bool) -> None:
+def sources_of(sources: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A result's ``files`` (the units that are files, the summary's contract key) and,
+    when other sources took part, all of them under ``sources``."""
+    files = [source for source in sources if "file" in source]
+    return {"files": files} if len(files) == len(sources) else {"files": files, "sources": sources}
+
+
+def _record_commit(
+    conn: psycopg.Connection,
+    plan: CommitPlan,
+    result: dict[str, Any],
+    *,
+    replay: bool,
+    valid_through: datetime | None = None,
+) -> None:
+    """The ``commits`` row. ``valid_through``: the source's own clock when it has one
+    (the Kafka messages' timestamps), else the end of the replay window."""
     conn.execute(
         f"""
         INSERT INTO {SCHEMA}.commits (commit_id, run_id, connector, started_at, rows_written,
             rows_skipped, rows_rejected, replay, sources, valid_through, schema_versions, tables)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now() + %s, %s, %s)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, coalesce(%s, now() + %s), %s, %s)
         """,
         [
             result["commit_id"], plan.run_id, plan.connector, plan.started_at,
             result["rows_written"], result["rows_skipped"], result["rows_rejected"], replay,
-            Jsonb(plan.sources()), timedelta(seconds=plan.replay_window_seconds),
+            Jsonb(plan.sources()), valid_through, timedelta(seconds=plan.replay_window_seconds),
             Jsonb(result.get("schema_versions", {})), Jsonb(result.get("tables", {})),
         ],
     )
@@ -483,7 +514,7 @@ def record_replay(conn: psycopg.Connection, plan: CommitPlan, priors: list[dict[
         "rows_skipped": skipped,
         "rows_rejected": 0,
         "replayed": True,
-        "files": plan.sources(),
+        **sources_of(plan.sources()),
         "prior": _prior(priors),
     }
     with conn.transaction():

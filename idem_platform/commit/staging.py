@@ -47,9 +47,12 @@ STAGED_SYSTEM: tuple[tuple[str, str], ...] = (
     ("_payload", "jsonb NOT NULL"),
     ("_extra", "jsonb"),
     ("_props", "jsonb"),
+    ("_meta", "jsonb"),  # source metadata (Kafka key, headers...), kept when the plan asks
 )
 STAGED_REJECT: tuple[tuple[str, str], ...] = (
     ("_pos", "bigint NOT NULL"),
+    ("_source", "text NOT NULL"),
+    ("_meta", "jsonb"),
     ("_raw", "text NOT NULL"),
     ("_raw_length", "bigint NOT NULL"),
     ("_errors", "jsonb NOT NULL"),

@@ -9,6 +9,7 @@ import dagster as dg
 from idem_platform.config import IdemConfig
 from idem_platform.defs.filedrop.definitions import filedrop_definitions
 from idem_platform.defs.io_managers import SparkPlanIOManager, WarehouseIOManager
+from idem_platform.defs.kafka.definitions import kafka_definitions
 from idem_platform.defs.maintenance import ledger_purge_job, ledger_purge_schedule
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.errors import ConfigError
@@ -54,14 +55,17 @@ def build_definitions(config: IdemConfig, *, postgres_url: str | None = None) ->
     """
     parts = []
     for connector in config.connectors:
-        if connector.kind != "filedrop":
+        if connector.kind == "filedrop":
+            parts.append(filedrop_definitions(config, connector))
+        elif connector.kind == "kafka":
+            parts.append(kafka_definitions(config, connector))
+        else:
             raise ConfigError(
                 f"connector {connector.name!r}: kind {connector.kind!r} is not available in this "
-                "version (only 'filedrop')",
+                "version (only 'filedrop' and 'kafka')",
                 path=str(config.source) if config.source else None,
                 key="connectors",
             )
-        parts.append(filedrop_definitions(config, connector))
     base = dg.Definitions(
         jobs=[ledger_purge_job],
         schedules=[ledger_purge_schedule],

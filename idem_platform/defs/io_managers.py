@@ -20,14 +20,10 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from idem_platform.commit.run import CommitRequest, commit_batch
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource, SparkResource
-from idem_platform.pipeline import (
-    CoercedBatch,
-    CommitRequest,
-    check_cluster_reach,
-    commit_batch,
-)
+from idem_platform.pipeline import CoercedBatch, check_cluster_reach
 
 REPLAY_TAG = "idem/replay"
 

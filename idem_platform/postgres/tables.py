@@ -64,6 +64,24 @@ def add_column(conn: psycopg.Connection, record_type: str, column: Column) -> No
     )
 
 
+def add_system_column(conn: psycopg.Connection, record_types: list[str], name: str, ddl: str) -> None:
+    """Add a system column (``_kafka``) to the tables that lack it, under the DDL lock.
+
+    Tables that have it already are not touched, so no lock is taken on them.
+    """
+    lacking = [rt for rt in record_types if name not in existing_columns(conn, rt)]
+    if not lacking:
+        return
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_ID])
+        for record_type in lacking:
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+                    table_ident(record_type), sql.Identifier(name), sql.SQL(ddl)
+                )
+            )
+
+
 def effective_spec(spec: TableSpec, columns: dict[str, str]) -> TableSpec:
     """The declared spec plus text columns that evolution added earlier."""
     system = {name for name, _ in SYSTEM_COLUMNS} | {"props"}

@@ -2,7 +2,7 @@
 
 ``PYSPARK_PYTHON`` is pinned to the running interpreter before the JVM starts:
 otherwise workers may start another Python without our package. The Python data
-source ``idem_filedrop_lines`` is registered on first use (:func:`register_sources`):
+source ``idem_source_records`` is registered on first use (:func:`register_sources`):
 registering starts a Python planner process (~1.2 s here) that the commit path,
 which never reads through it, should not wait for.
 """
@@ -73,11 +73,11 @@ _register_lock = threading.Lock()
 
 def register_sources(spark: SparkSession) -> SparkSession:
     """Register idem's Python data source on ``spark``, once per session."""
-    from idem_platform.spark.lines_source import FileLinesSource
+    from idem_platform.spark.records_source import SourceRecordsSource
 
     with _register_lock:
         if spark not in _registered:
-            spark.dataSource.register(FileLinesSource)
+            spark.dataSource.register(SourceRecordsSource)
             _registered.add(spark)
     return spark
 

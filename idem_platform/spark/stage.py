@@ -1,20 +1,20 @@
-"""Stage a planned commit on the executors, one Spark job per split, results in split order.
+"""Stage a planned commit on the executors, one Spark job per slice, results in slice order.
 
-Each split of each dropped file is staged by one task: it reads the split's
-lines, coerces them (the same functions as the ``coerced`` frame) and COPYs the
-rows into the commit's staging tables tagged with a fresh attempt id, then
-returns one message. A job's ``collect`` hands the driver exactly one message,
+Each slice of the batch (a file's split, a run of Kafka offsets) is staged by
+one task: it reads the slice's records, coerces them (the same functions as
+the ``coerced`` frame) and COPYs the rows into the commit's staging tables
+tagged with a fresh attempt id, then returns one message. A job's ``collect`` hands the driver exactly one message,
 from the attempt Spark accepted; rows staged by failed, retried or speculative
 attempts carry other attempt ids and are never promoted or counted.
 
-One job per split (as many in flight as Spark has task slots) lets the driver
-promote split *k* while the executors stage the next ones: PostgreSQL's insert
+One job per slice (as many in flight as Spark has task slots) lets the driver
+promote slice *k* while the executors stage the next ones: PostgreSQL's insert
 work overlaps the executors' work instead of following it.
 
-The tasks read their splits themselves, so no row crosses the JVM: a job is a
-plain RDD job over one split index (no Catalyst plan or codegen per split; half
+The tasks read their slices themselves, so no row crosses the JVM: a job is a
+plain RDD job over one slice index (no Catalyst plan or codegen per slice; half
 the driver JVM's CPU of a ``mapInArrow`` job here), while the per-record Python
-inside the task works on Arrow batches from :func:`read_split` to the COPY.
+inside the task works on Arrow batches from the slice's reader to the COPY.
 
 Why not the Python data source writer (``DataSourceArrowWriter``): its planning
 and commit run in fresh, non-daemon Python processes (SPARK-47346), about 8 s on
@@ -31,19 +31,20 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from idem_platform.coercion.records import RepeatedLines, coerce_batch
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.commit.promote import StagedAttempt
 from idem_platform.commit.staging import StagingWriter, new_attempt_id
 from idem_platform.faults import checkpoint
-from idem_platform.filedrop.reader import read_split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def stage_split(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[tuple[StagedAttempt, float, int]]:
-    """Task body: stage this task's split under a fresh attempt id; yield its one message.
+def stage_slice(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[tuple[StagedAttempt, float, int]]:
+    """Task body: stage this task's slice under a fresh attempt id; yield its one message.
 
     The message is ``(what was staged, seconds, Spark's attempt number)``.
     """
@@ -54,13 +55,13 @@ def stage_split(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[
     context = TaskContext.get()
     attempt_number = context.attemptNumber() if context is not None else 0
     checkpoint("before_stage")
-    splits = plan.splits
-    (index,) = list(indexes)  # one split per task, by construction of the job
+    (index,) = list(indexes)  # one slice per task, by construction of the job
     repeats = RepeatedLines()
+    newest: dict[int, int] = {}
     writer = StagingWriter(url, plan, attempt)
     try:
-        file_index, split = splits[index]
-        for chunk in read_split(plan.files[file_index], split, file_index, max_line_bytes=plan.spec.max_line_bytes):
+        for chunk in plan.slices[index].read(plan.index_of, max_record_bytes=plan.spec.max_line_bytes):
+            _note_newest(chunk, newest)
             writer.write(coerce_batch(chunk, plan.spec, repeats))
             checkpoint("staging", split=index, attempt=attempt_number)
     finally:
@@ -73,15 +74,28 @@ def stage_split(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[
         rejected=writer.rejected,
         repeats=repeats.skipped,
         unique_keys=repeats.unique,
+        max_timestamps=newest,
     )
     yield staged, time.monotonic() - started, attempt_number
+
+
+def _note_newest(records: pa.RecordBatch, newest: dict[int, int]) -> None:
+    """Keep the newest source timestamp per unit (sources without timestamps cost one check)."""
+    stamps = records.column("_timestamp")
+    if stamps.null_count == len(stamps):
+        return
+    table = pa.table({"unit": records.column("_unit"), "stamp": stamps})
+    for row in table.group_by("unit").aggregate([("stamp", "max")]).to_pylist():
+        if row["stamp_max"] is not None:
+            unit = int(row["unit"])
+            newest[unit] = max(int(row["stamp_max"]), newest.get(unit, row["stamp_max"]))
 
 
 class StagingJobs:
     """The staging jobs of one commit, submitted from a thread pool, cancelled together.
 
-    Use as a context manager; iterate :meth:`in_order` to get each split's
-    accepted message as soon as it and every earlier split are staged.
+    Use as a context manager; iterate :meth:`in_order` to get each slice's
+    accepted message as soon as it and every earlier slice is staged.
     """
 
     def __init__(self, spark: SparkSession, url: str, plan: CommitPlan) -> None:
@@ -92,11 +106,11 @@ class StagingJobs:
         self.task_seconds: dict[int, float] = {}
         self.attempt_numbers: dict[int, int] = {}
         slots = max(1, int(spark.sparkContext.defaultParallelism))
-        self.pool = ThreadPoolExecutor(max_workers=min(slots, max(1, len(plan.splits))), thread_name_prefix="idem-stage")
+        self.pool = ThreadPoolExecutor(max_workers=min(slots, max(1, len(plan.slices))), thread_name_prefix="idem-stage")
         self.futures: list[Future[StagedAttempt]] = []
 
     def __enter__(self) -> StagingJobs:
-        self.futures = [self.pool.submit(self._run, index) for index in range(len(self.plan.splits))]
+        self.futures = [self.pool.submit(self._run, index) for index in range(len(self.plan.slices))]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -108,13 +122,13 @@ class StagingJobs:
 
     def _run(self, index: int) -> StagedAttempt:
         context = self.spark.sparkContext
-        context.setJobGroup(self.group, f"idem: stage split {index} of commit {self.plan.commit_id}", True)
+        context.setJobGroup(self.group, f"idem: stage slice {index} of commit {self.plan.commit_id}", True)
         url, plan = self.url, self.plan
 
         def body(indexes: Iterator[int]) -> Iterator[tuple[StagedAttempt, float, int]]:
-            return stage_split(indexes, url, plan)
+            return stage_slice(indexes, url, plan)
 
-        # A plain RDD job: no Catalyst plan or codegen per split, and collect()
+        # A plain RDD job: no Catalyst plan or codegen per slice, and collect()
         # returns the message of the one attempt Spark accepted.
         ((staged, seconds, attempt_number),) = context.parallelize([index], 1).mapPartitions(body).collect()
         self.task_seconds[index] = seconds
@@ -122,6 +136,6 @@ class StagingJobs:
         return staged
 
     def in_order(self) -> Iterator[StagedAttempt]:
-        """Accepted messages, split 0 first (raises the first failure)."""
+        """Accepted messages, slice 0 first (raises the first failure)."""
         for future in self.futures:
             yield future.result()

@@ -21,15 +21,15 @@ from typing import Any
 
 import dagster as dg
 
+from idem_platform.commit.run import owner_alive
 from idem_platform.config import ConnectorConfig
+from idem_platform.connectors.filedrop.files import hash_file
+from idem_platform.connectors.filedrop.scan import look
 from idem_platform.defs.filedrop.partitions import partition_key_for
 from idem_platform.defs.resources import PostgresResource
 from idem_platform.errors import FileChangedError
-from idem_platform.filedrop.files import hash_file
-from idem_platform.filedrop.scan import look
 from idem_platform.keys import file_key_from_digest
-from idem_platform.ledger import Ledger, LedgerEntry
-from idem_platform.pipeline import owner_alive
+from idem_platform.ledger import Ledger, LedgerEntry, next_attempt
 
 HASH_BUDGET_SECONDS = 20.0
 FILE_KEY_TAG = "idem/file_key"
@@ -49,23 +49,9 @@ class Decision:
 def decide(
     relative: str, sha256: str, entry: LedgerEntry | None, alive: bool, max_attempts: int
 ) -> Decision:
-    """The ledger-driven rule, as a pure function (tested case by case)."""
-    if entry is None:
-        return Decision(relative, sha256, 1, "new file")
-    if entry.status == "committed":
-        return Decision(relative, sha256, None, "committed")
-    if entry.status == "in_progress":
-        if alive:
-            return Decision(relative, sha256, None, "a live run is ingesting it")
-        if entry.attempts >= max_attempts:
-            return Decision(relative, sha256, None, f"its run died after {entry.attempts} attempts")
-        return Decision(relative, sha256, entry.attempts + 1, "its previous run died")
-    error = entry.error or {}
-    if not error.get("retryable", False):
-        return Decision(relative, sha256, None, f"failed permanently: {error.get('message', '')[:200]}")
-    if entry.attempts >= max_attempts:
-        return Decision(relative, sha256, None, f"failed {entry.attempts} times: {error.get('message', '')[:200]}")
-    return Decision(relative, sha256, entry.attempts + 1, "retrying a failed attempt")
+    """The ledger-driven rule for one file, as a pure function (tested case by case)."""
+    attempt, reason = next_attempt(entry, alive=alive, max_attempts=max_attempts, new="new file")
+    return Decision(relative, sha256, attempt, reason)
 
 
 def _load_cursor(cursor: str | None) -> dict[str, list[Any]]:

@@ -9,8 +9,8 @@ import pyarrow.compute as pc
 
 from idem_platform.catalog import TableSpec
 from idem_platform.config import ConnectorConfig
+from idem_platform.connectors.sample import coerced_sample
 from idem_platform.defs.resources import PostgresResource
-from idem_platform.filedrop.sample import coerced_sample
 from idem_platform.pipeline import CoercedBatch
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import table_ident
@@ -63,9 +63,9 @@ def build_checks(connector: ConnectorConfig, coerced_key: dg.AssetKey, committed
     )
     def pandera_contract(context: dg.AssetCheckExecutionContext, coerced: CoercedBatch) -> dg.AssetCheckResult:
         if coerced.batch.fully_replayed:
-            return dg.AssetCheckResult(passed=True, metadata={"skipped": "all files already committed"})
+            return dg.AssetCheckResult(passed=True, metadata={"skipped": "everything already committed"})
         started = time.monotonic()
-        sample = coerced_sample(coerced.batch.pending, coerced.spec(), SAMPLE_ROWS)
+        sample = coerced_sample(coerced.batch, coerced.spec(), SAMPLE_ROWS)
         context.log.debug("pandera sample: %d rows in %.2fs", sample.num_rows, time.monotonic() - started)
         failures: dict[str, Any] = {}
         checked: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""Read one split of a dropped file as Arrow batches of lines; runs on executors.
+"""Read one split of a dropped file as Arrow batches of records (lines); runs on executors.
 
 Lines are cut with numpy over 4 MiB blocks and handed to Arrow zero-copy (each
 element keeps its trailing ``\\n``; the coercion strips it), so there is no
@@ -16,9 +16,10 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from idem_platform.coercion.records import LINES_SCHEMA, RAW_CAP
+from idem_platform.coercion.records import RAW_CAP
+from idem_platform.connectors.batch import RECORDS_SCHEMA
+from idem_platform.connectors.filedrop.files import DroppedFile, Split
 from idem_platform.errors import FileChangedError
-from idem_platform.filedrop.files import DroppedFile, Split
 
 BLOCK_BYTES = 4 << 20
 
@@ -37,22 +38,31 @@ def _batch(file_index: int, first_line: int, data: bytes, offsets: np.ndarray) -
             pa.array(np.arange(first_line, first_line + count, dtype=np.int64)),
             raw,
             pa.array(lengths),
+            pa.nulls(count, pa.string()),  # a line has no source metadata
+            pa.nulls(count, pa.int64()),  # nor a timestamp of its own
         ],
-        schema=LINES_SCHEMA,
+        schema=RECORDS_SCHEMA,
     )
 
 
 def _single(file_index: int, line: int, head: bytes, length: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
-        [pa.array([file_index], pa.int32()), pa.array([line], pa.int64()), pa.array([head], pa.binary()), pa.array([length], pa.int64())],
-        schema=LINES_SCHEMA,
+        [
+            pa.array([file_index], pa.int32()),
+            pa.array([line], pa.int64()),
+            pa.array([head], pa.binary()),
+            pa.array([length], pa.int64()),
+            pa.nulls(1, pa.string()),
+            pa.nulls(1, pa.int64()),
+        ],
+        schema=RECORDS_SCHEMA,
     )
 
 
 def read_split(
     file: DroppedFile, split: Split, file_index: int, *, max_line_bytes: int, block_bytes: int = BLOCK_BYTES
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the split's lines as batches of :data:`LINES_SCHEMA`.
+    """Yield the split's lines as batches of :data:`RECORDS_SCHEMA` (``_unit`` = ``file_index``).
 
     Raises:
         FileChangedError: the file's size or the split's CRC-32 differ from when

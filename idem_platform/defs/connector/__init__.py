@@ -1,0 +1,1 @@
+"""What every connector's assets share, whatever its source: ``coerced``, ``committed`` and their checks."""

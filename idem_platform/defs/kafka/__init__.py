@@ -1,0 +1,1 @@
+"""The Kafka domain: per-connector ``ingest`` asset, job and sensor."""

@@ -1,0 +1,26 @@
+"""Everything one Kafka connector contributes: assets, checks, job, sensor."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.defs.connector.assets import asset_keys, job_name
+from idem_platform.defs.connector.checks import build_checks
+from idem_platform.defs.kafka.assets import build_kafka_assets
+from idem_platform.defs.kafka.sensors import build_kafka_sensor
+
+
+def kafka_definitions(config: IdemConfig, connector: ConnectorConfig) -> dg.Definitions:
+    """Assets, checks, the ingest job and the sensor of ``connector``."""
+    assets = build_kafka_assets(config, connector)
+    ingest_key, coerced_key, committed_key = asset_keys(connector)
+    job = dg.define_asset_job(
+        name=job_name(connector),
+        selection=dg.AssetSelection.assets(*asset_keys(connector)),
+        executor_def=dg.in_process_executor,
+        description=f"Read, coerce and commit {connector.name}'s Kafka offset ranges exactly once.",
+    )
+    sensor = build_kafka_sensor(connector, job, ingest_key.to_python_identifier())
+    checks = build_checks(connector, coerced_key, committed_key)
+    return dg.Definitions(assets=assets, asset_checks=checks, jobs=[job], sensors=[sensor])
