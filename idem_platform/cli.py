@@ -63,7 +63,7 @@ def public_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
     out["seconds"] = round(seconds, 3)
     if summary.get("prior") is not None:
         out["prior"] = summary["prior"]
-    for key in ("tables", "schema_versions", "offsets", "sources", "consumer_group", "timings", "already_committed", "notes", "connector"):
+    for key in ("tables", "schema_versions", "offsets", "sources", "consumer_group", "timings", "already_committed", "nothing_to_ingest", "notes", "connector"):
         if summary.get(key):
             out[key] = summary[key]
     return out
@@ -294,7 +294,7 @@ def offsets_report(config: IdemConfig, url: str, connector_name: str | None = No
     for connector in connectors:
         mine = {(t, p): r for (c, t, p), r in stored.items() if c == connector.name}
         try:
-            states = describe_partitions(connector)
+            states = describe_partitions(connector).partitions
         except KafkaError as exc:
             for (topic, partition), row in sorted(mine.items()):
                 report.append({"connector": connector.name, "topic": topic, "partition": partition,

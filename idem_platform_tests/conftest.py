@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -27,6 +28,9 @@ from psycopg import sql
 from idem_platform.config import IdemConfig, parse_config
 from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.tables import sync_tables
+
+if TYPE_CHECKING:
+    from idem_platform_tests.kafka_broker import Broker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -181,4 +185,76 @@ def threatfeed(tmp_path: Path, pg_url: str) -> IdemConfig:
     config = write_config(tmp_path)
     with connect(pg_url, autocommit=True) as conn:
         sync_tables(conn, config.table_specs)
+    return config
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[Broker]:
+    """A Kafka-protocol broker: ``KAFKA_BOOTSTRAP_SERVERS`` if set, else Tansu on a free port."""
+    from idem_platform_tests.kafka_broker import BOOTSTRAP_ENV, Broker
+
+    external = os.environ.get(BOOTSTRAP_ENV)
+    if external:
+        yield Broker(bootstrap=external)
+        return
+    broker = Broker.start_tansu()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def topic(kafka_broker: Broker) -> str:
+    """A fresh topic name for one test (tests never read each other's messages)."""
+    return f"idem-test-{uuid.uuid4().hex[:10]}"
+
+
+KAFKA_CONFIG = """
+connectors:
+  - name: events
+    kind: kafka
+    bootstrap_servers: {bootstrap}
+    topics: [{topics}]
+    record_type_field: type
+    id_field: id
+    {extra}
+tables:
+  indicator:
+    columns:
+      name: {{type: string, required: true}}
+      confidence: int
+      score: real
+      created: timestamp
+      embedding: vector(8)
+      tags: dynamic
+      active: bool
+  malware:
+    columns:
+      name: {{type: string, required: true}}
+      family: string
+      first_seen: timestamp
+      sample_size: long
+      is_packed: bool
+      labels: dynamic
+  threat-actor:
+    columns:
+      name: {{type: string, required: true}}
+      aliases: dynamic
+      sophistication: int
+      score: real
+      last_seen: timestamp
+      observed_count: long
+spark:
+  master: local[2]
+"""
+
+
+def kafka_config(directory: Path, bootstrap: str, topics: list[str], extra: str = "", *, pg_url: str | None = None) -> IdemConfig:
+    """An idem.yaml with one Kafka connector ``events`` routing threat-feed records; tables synced."""
+    config = write_config(directory, KAFKA_CONFIG.format(bootstrap=bootstrap, topics=", ".join(topics), extra=extra))
+    if pg_url is not None:
+        from idem_platform.pipeline import prepare_tables
+
+        prepare_tables(pg_url, config, config.connector("events"))
     return config

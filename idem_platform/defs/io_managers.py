@@ -26,6 +26,8 @@ from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.pipeline import CoercedBatch, check_cluster_reach
 
 REPLAY_TAG = "idem/replay"
+# What a summary may say about a source besides its files (Kafka ranges, the group mirror, notes).
+SOURCE_DETAILS = ("offsets", "consumer_group", "already_committed", "nothing_to_ingest", "notes")
 
 
 class SparkPlanIOManager(dg.ConfigurableIOManager):
@@ -109,6 +111,7 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
                     "schema_versions": summary.get("schema_versions", {}),
                     "tables": summary.get("tables", {}),
                     "files": [f["file"] for f in summary.get("files", [])],
+                    **{key: summary[key] for key in SOURCE_DETAILS if summary.get(key)},
                     "prior": summary.get("prior"),
                     "summary": summary,
                     "dagster/row_count": summary["rows_written"],

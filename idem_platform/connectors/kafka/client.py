@@ -18,6 +18,11 @@ from idem_platform.config import ConnectorConfig
 from idem_platform.errors import ConfigError, KafkaError
 
 LOG = logging.getLogger("idem.kafka")
+# librdkafka retries a broker that is down several times a second, each with a log line:
+# without this, a sensor tick against a stopped broker prints hundreds of them. The
+# failure itself reaches the caller as an exception; set LOG.propagate = True to see them.
+LOG.addHandler(logging.NullHandler())
+LOG.propagate = False
 QUERY_TIMEOUT_SECONDS = 10.0
 
 
@@ -53,6 +58,19 @@ def consumer(settings: dict[str, Any]) -> Any:
 
 
 @dataclass(frozen=True)
+class BrokerView:
+    """The connector's partitions as the brokers see them, and its topics they do not know (yet)."""
+
+    partitions: dict[tuple[str, int], PartitionState]
+    missing: tuple[str, ...] = ()
+
+    def missing_note(self) -> str | None:
+        if not self.missing:
+            return None
+        return f"topic(s) {', '.join(self.missing)} not in the cluster yet (read as soon as they exist)"
+
+
+@dataclass(frozen=True)
 class PartitionState:
     """What the brokers say about one partition right now."""
 
@@ -67,12 +85,14 @@ def describe_partitions(
     *,
     only: Iterable[tuple[str, int]] | None = None,
     timeout: float = QUERY_TIMEOUT_SECONDS,
-) -> dict[tuple[str, int], PartitionState]:
+) -> BrokerView:
     """Every partition of the connector's topics (or ``only`` these) with its watermarks.
 
+    A topic the cluster does not know is listed as missing, not an error: the
+    other topics are read, and its partitions as soon as it is created.
+
     Raises:
-        KafkaError: the brokers cannot be reached within ``timeout``, or a topic
-            does not exist.
+        KafkaError: the brokers cannot be reached within ``timeout``.
     """
     from confluent_kafka import KafkaException, TopicPartition
 
@@ -86,11 +106,12 @@ def describe_partitions(
                 f"Kafka brokers {connector.bootstrap_servers} unreachable: {_describe(exc)}"
             ) from None
         states: dict[tuple[str, int], PartitionState] = {}
+        missing: list[str] = []
         for topic in connector.topics or []:
             found = metadata.topics.get(topic)
-            if found is None or found.error is not None:
-                reason = found.error.str() if found is not None and found.error is not None else "not in the cluster's metadata"
-                raise KafkaError(f"topic {topic!r} of connector {connector.name!r}: {reason}")
+            if found is None or found.error is not None or not found.partitions:
+                missing.append(topic)
+                continue
             for partition in sorted(found.partitions):
                 if wanted is not None and (topic, partition) not in wanted:
                     continue
@@ -101,7 +122,7 @@ def describe_partitions(
                 except KafkaException as exc:
                     raise KafkaError(f"{topic}-{partition}: watermarks unavailable: {_describe(exc)}") from None
                 states[(topic, partition)] = PartitionState(topic, partition, int(low), int(high))
-        return states
+        return BrokerView(states, tuple(missing))
     finally:
         client.close()
 

@@ -172,7 +172,8 @@ def commit_to_group(settings: dict[str, Any], group: str, offsets: list[tuple[st
 
     from idem_platform.connectors.kafka.client import consumer
 
-    client = consumer({**settings, "group.id": group})
+    # session.timeout.ms bounds how long a commit waits for a coordinator (45 s by default).
+    client = consumer({**settings, "group.id": group, "session.timeout.ms": 6000})
     try:
         client.commit(offsets=[TopicPartition(t, p, o) for t, p, o in offsets], asynchronous=False)
     finally:

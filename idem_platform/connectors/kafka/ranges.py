@@ -202,7 +202,8 @@ def plan_kafka(url: str, connector: ConnectorConfig, requests: Sequence[RangeReq
         OffsetGapError, TerminalError: the committed offsets and the log disagree.
     """
     only = None if requests is None else {(r.topic, r.partition) for r in requests}
-    states = describe_partitions(connector, only=only)
+    view = describe_partitions(connector, only=only)
+    states = view.partitions
     with connect(url) as conn, conn.transaction():
         committed = committed_offsets(conn, connector.name)
         if requests is None:
@@ -212,7 +213,8 @@ def plan_kafka(url: str, connector: ConnectorConfig, requests: Sequence[RangeReq
         else:
             ranges = check_requests(connector, requests, committed, states)
         entries = Ledger(conn, connector.name).entries(sorted({r.key for r in ranges}))
-    notes = gap_notes(ranges)
+    missing = view.missing_note()
+    notes = gap_notes(ranges) + ([missing] if missing else [])
     pending: list[OffsetRange] = []
     replayed: list[Unit] = []
     priors = {}

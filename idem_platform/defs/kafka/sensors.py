@@ -59,7 +59,8 @@ def build_kafka_sensor(connector: ConnectorConfig, job: Any, ingest_op: str) -> 
         if active:
             return dg.SkipReason(f"run {active[0].run_id} of {job.name} is in flight; the next run starts where it commits")
         try:
-            states = describe_partitions(connector, timeout=SENSOR_BROKER_TIMEOUT_SECONDS)
+            view = describe_partitions(connector, timeout=SENSOR_BROKER_TIMEOUT_SECONDS)
+            states = view.partitions
         except KafkaError as exc:
             return dg.SkipReason(f"{exc}; nothing was requested and no offset moved")
         with postgres.connection() as conn, conn.transaction():
@@ -72,6 +73,9 @@ def build_kafka_sensor(connector: ConnectorConfig, job: Any, ingest_op: str) -> 
         chosen = [d for d in decisions if d.range is not None]
         lags = partition_lags(states, committed)
         waiting = [f"{d.partition}: {d.reason}" for d in decisions if d.range is None] + held
+        missing = view.missing_note()
+        if missing:
+            waiting.append(missing)
         cursor = json.dumps(
             {"v": 1, "lag": sum(p.lag for p in lags), "partitions": len(lags)}, separators=(",", ":")
         )
