@@ -19,21 +19,25 @@ from idem_platform.coercion.records import coerce_batch
 from idem_platform.config import IdemConfig
 from idem_platform.connectors.batch import Unit
 from idem_platform.connectors.filedrop.files import hash_file
+from idem_platform.connectors.kafka.offsets import committed_offsets
 from idem_platform.pipeline import record_spec
 from idem_platform.postgres import connect
 from idem_platform.postgres.connection import is_unix_socket_url
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform_tests.conftest import (
     EXAMPLE_CONFIG,
+    kafka_config,
     lines_batch,
     reset_database,
     wait_until_staging,
 )
+from idem_platform_tests.kafka_broker import Broker, create_topic, produce, spread
 from idem_platform_tests.spark_cluster import (
     FAST_FAILURE_DAEMON_CONF,
     SparkCluster,
     start_spark_cluster,
 )
+from idem_platform_tests.test_kafka import expected_outcome
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TABLES = ("indicator", "malware", "threat-actor")
@@ -258,3 +262,32 @@ def test_the_dagster_spark_resource_config_alone_sends_the_run_to_the_cluster(
     assert report["master"] == cluster.master_url
     assert stored_keys(tcp_pg) == keys
     assert report["rows_written"] == len(keys)
+
+
+@pytest.mark.kafka
+def test_kafka_ranges_are_read_and_committed_on_the_cluster(
+    cluster: SparkCluster, tcp_pg: str, tmp_path: Path, kafka_broker: Broker, topic: str
+) -> None:
+    """Each task on a worker assigns itself its partition's offsets: same keys, offsets moved once."""
+    create_topic(kafka_broker.bootstrap, topic, 3)
+    messages = spread(threatfeed_lines(20_000, seed=25, duplicate_ratio=0.1, bad_ratio=0.01), 3)
+    produce(kafka_broker.bootstrap, topic, messages)
+    config = kafka_config(tmp_path, kafka_broker.bootstrap, [topic], pg_url=tcp_pg)
+    assert config.source is not None
+    data = yaml.safe_load(config.source.read_text())
+    data["spark"] = {"master": cluster.master_url, "conf": cluster.session_conf()}
+    config.source.write_text(yaml.safe_dump(data))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "IDEM_POSTGRES_URL": tcp_pg, "DAGSTER_HOME": str(home), "PYSPARK_PYTHON": sys.executable}
+    for name in ("IDEM_SPARK_MASTER", "IDEM_FAULT"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "idem_platform.cli", "ingest", "--config", str(config.source), "--connector", "events"]
+    code, summary, err = finish(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    assert code == 0 and summary is not None, err[-3000:]
+    keys, rejected = expected_outcome(config, messages, topic)
+    assert summary["rows_written"] + summary["rows_skipped"] + summary["rows_rejected"] == 20_000
+    assert summary["rows_rejected"] == rejected and stored_keys(tcp_pg) == keys
+    assert len(summary["timings"]["stage_task_seconds"]) == 3  # one task per partition range, on the workers
+    with connect(tcp_pg) as conn:
+        assert committed_offsets(conn, "events") == {(topic, p): sum(1 for m in messages if m[0] == p) for p in range(3)}

@@ -19,7 +19,7 @@ from idem_platform.keys import (
     record_key,
     record_key_of,
 )
-from idem_platform_tests.conftest import SPEC_DIR
+from idem_platform_tests.conftest import SPEC_DIR, shared_spec_dir
 
 
 def _vectors(name: str) -> list[dict]:
@@ -31,6 +31,16 @@ def _vectors(name: str) -> list[dict]:
 IDEMPOTENCY = _vectors("idempotency_keys.jsonl")
 FILEDROP = _vectors("filedrop_keys.jsonl")
 MINTED = _vectors("minted_keys.jsonl")
+
+
+@pytest.mark.parametrize("name", ["idempotency_keys.jsonl", "filedrop_keys.jsonl", "minted_keys.jsonl"])
+def test_the_copied_vectors_are_the_shared_spec(name: str) -> None:
+    """The project carries its own copy; where the design's shared spec sits beside the
+    checkout, the copy must be byte-identical to it."""
+    shared = shared_spec_dir()
+    if shared is None or not (shared / name).is_file():
+        pytest.skip("no shared spec beside this checkout: the project's own copy is what the tests use")
+    assert (SPEC_DIR / name).read_bytes() == (shared / name).read_bytes()
 
 
 def _raw_line(record: dict) -> bytes:
