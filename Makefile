@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/threatfeed/idem.yaml
 
-.PHONY: install demo test test-fast dev bench bench-curve lint stop-postgres clean
+.PHONY: install demo test test-fast dev bench bench-curve bench-kafka kafka-broker lint stop-postgres clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,14 @@ bench: install
 
 bench-curve: install
 	$(PY) benchmarks/cost_curve.py $(ARGS)
+
+## bench-kafka: 200k messages through the Kafka path beside the file path (local[2] and a cluster)
+bench-kafka: install
+	$(PY) benchmarks/kafka_bench.py $(ARGS)
+
+## kafka-broker: the in-memory Kafka-protocol test broker (Tansu) on 127.0.0.1:9092, for trying the Kafka connector
+kafka-broker: install
+	$(PY) -m idem_platform_tests.kafka_broker $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check idem_platform idem_platform_tests benchmarks

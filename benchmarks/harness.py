@@ -147,9 +147,12 @@ class Phase:
         return self.records / self.wall if self.wall else 0.0
 
 
-def run_ingest(name: str, path: Path, records: int, env: dict[str, str], config: Path) -> Phase:
-    """Run `idem ingest` on ``path`` in a child process and measure it."""
-    command = [sys.executable, "-m", "idem_platform.cli", "ingest", "--config", str(config), "--connector", "threatfeed", str(path)]
+def run_ingest(
+    name: str, path: Path | None, records: int, env: dict[str, str], config: Path, *, connector: str = "threatfeed"
+) -> Phase:
+    """Run `idem ingest` (of ``path``, or of a Kafka connector's lag) in a child process and measure it."""
+    command = [sys.executable, "-m", "idem_platform.cli", "ingest", "--config", str(config), "--connector", connector]
+    command += [str(path)] if path is not None else []
     started = time.monotonic()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watch = Watch(process.pid)

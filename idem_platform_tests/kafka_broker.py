@@ -186,3 +186,24 @@ def spread(lines: Iterable[str], partitions: int, *, keyed: bool = True) -> list
         (index % partitions, f"k{index}".encode() if keyed else None, line.encode("utf-8"), None)
         for index, line in enumerate(lines)
     ]
+
+
+def main() -> None:
+    """``python -m idem_platform_tests.kafka_broker [PORT]``: a Tansu broker to try the Kafka
+    connector with (in memory: its topics are gone when it stops). Ctrl-C stops it."""
+    import sys
+
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 9092
+    broker = Broker.start_tansu(port)
+    print(f"Kafka-protocol test broker (Tansu) on {broker.bootstrap}; Ctrl-C stops it", flush=True)
+    try:
+        while broker.process is not None and broker.process.poll() is None:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,12 +1,12 @@
 """The one promoting transaction of a commit (DESIGN §5).
 
-Runs on the driver, opened before the first split is staged and fed the
-accepted attempt of each split in split order. In one PostgreSQL transaction it:
+Runs on the driver, opened before the first slice is staged and fed the
+accepted attempt of each slice in slice order. In one PostgreSQL transaction it:
 
 1. re-checks the ledger rows of the batch's units under ``FOR UPDATE`` (still
    ``in_progress`` and owned by this commit, or nothing is promoted);
 2. takes ``SHARE ROW EXCLUSIVE`` on the record tables (concurrent commits to the
-   same tables serialise; readers are never blocked), then per split and record
+   same tables serialise; readers are never blocked), then per slice and record
    type widens the table for new fields and inserts the staged rows of the
    *accepted* attempt only, first occurrence per key, skipping keys already present;
 3. runs the source's commit step (the Kafka offsets' compare-and-set: if
@@ -181,7 +181,7 @@ def _insert_rows(
         select.append(sql.SQL("s._meta"))
     # First occurrence per key wins. An attempt whose executor vouched for distinct
     # keys needs no sort of its wide rows; the anti-join alone skips keys already
-    # in the table (committed, or promoted from an earlier split of this commit).
+    # in the table (committed, or promoted from an earlier slice of this commit).
     first_per_key = sql.SQL("") if unique_keys else sql.SQL(" ORDER BY s._idempotency_key, s._pos")
     statement = sql.SQL(
         "INSERT INTO {target} ({columns}) "
@@ -208,7 +208,7 @@ def _insert_rows(
 
 
 def _insert_rejects(conn: psycopg.Connection, plan: CommitPlan, chosen: list[StagedAttempt]) -> int:
-    """Promote the accepted attempts' rejects, in split order."""
+    """Promote the accepted attempts' rejects, in slice order."""
     return sum(_insert_attempt_rejects(conn, plan, table) for table in _rejects_tables(plan, chosen))
 
 
@@ -239,18 +239,18 @@ def _insert_attempt_rejects(conn: psycopg.Connection, plan: CommitPlan, stage: s
 
 
 class Promotion:
-    """The one promoting transaction, fed one accepted attempt (split) at a time.
+    """The one promoting transaction, fed one accepted attempt (slice) at a time.
 
-    Feeding splits *in split order* while later splits are still being staged
+    Feeding slices *in slice order* while later slices are still being staged
     overlaps PostgreSQL's insert work with the executors' work, and keeps the
-    first occurrence of a repeated key (the earliest split wins, and inside a
-    split the earliest line). Nothing is visible before :meth:`finish` commits;
+    first occurrence of a repeated key (the earliest slice wins, and inside a
+    slice the earliest record). Nothing is visible before :meth:`finish` commits;
     leaving the ``with`` block on an exception rolls everything back.
 
     Use::
 
         with Promotion(conn, plan) as promotion:
-            for message in messages_in_split_order:
+            for message in messages_in_slice_order:
                 promotion.add(message)
             result = promotion.finish()
     """
@@ -273,7 +273,7 @@ class Promotion:
         self._transaction = self.conn.transaction()
         self._transaction.__enter__()
         try:
-            # The first-occurrence sort of a split's wide rows fits in memory at this size.
+            # The first-occurrence sort of a slice's wide rows fits in memory at this size.
             self.conn.execute("SET LOCAL work_mem = '256MB'")
             # Probe the primary key for each staged key (a nested-loop anti-join):
             # cost grows with the batch, never with the size of the table.

@@ -10,7 +10,7 @@ and parsed again.
 
 One table per attempt is what lets the promoting transaction take exactly the
 attempts whose commit messages reached the driver while reading only their
-rows: with one shared table tagged by attempt, each split's INSERT scanned every
+rows: with one shared table tagged by attempt, each slice's INSERT scanned every
 row staged so far (a quarter of the promote's time at 1M records). Rows of
 failed, retried or speculative attempts sit in tables nobody reads and are
 dropped after the commit (or by the purge schedule, if a zombie attempt creates

@@ -53,6 +53,7 @@ class Unit:
         base: subtracted from offsets in the staged ``_pos`` (0 for files; a range's start).
         label: how people name the unit (a path, ``events-0``).
         location: format of one record's place for people: ``{label}`` and ``{offset}``.
+        span: which part of the source the unit covers, for people (a range's offsets).
         records: records planned (lines of a file; offsets of a range).
         size: bytes planned (0 when unknown before reading).
         source: the unit's entry in ``idem.commits.sources`` and in summaries.
@@ -68,6 +69,12 @@ class Unit:
     base: int = 0
     size: int = 0
     location: str = "{label}:{offset}"
+    span: str = ""
+
+    @property
+    def title(self) -> str:
+        """The unit for people: its label and span (``events-0 [100, 200)``)."""
+        return f"{self.label} {self.span}" if self.span else self.label
 
     def position(self, offset: int) -> str:
         """The position text of the record at ``offset`` (what keys and rejects carry)."""
@@ -185,12 +192,12 @@ class SourceBatch:
         """What the ``ingest`` asset reports, in the source's own words (files and lines, ranges and messages)."""
         units, keys, records, slices = _NOUNS.get(self.kind, _NOUNS[""])
         return {
-            units: [u.label for u in self.units],
+            units: [u.title for u in self.units],
             keys: [u.key for u in self.units],
             "bytes": sum(u.size for u in self.units),
             records: sum(u.records for u in self.units),
             slices: len(self.slices),
-            "already_committed": [u.label for u in self.replayed],
+            "already_committed": [u.title for u in self.replayed],
             **({"notes": list(self.notes)} if self.notes else {}),
         }
 

@@ -169,6 +169,7 @@ def range_unit(connector: ConnectorConfig, piece: OffsetRange) -> Unit:
         source=source,
         base=piece.start,
         location="{label}@{offset}",
+        span=f"[{piece.start}, {piece.end})",
     )
 
 
