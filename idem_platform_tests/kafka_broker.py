@@ -194,6 +194,14 @@ def main() -> None:
     import sys
 
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 9092
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    # Stop the broker on SIGTERM too, and on SIGINT even when started in the background
+    # (a non-interactive shell starts background jobs with SIGINT ignored).
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     broker = Broker.start_tansu(port)
     print(f"Kafka-protocol test broker (Tansu) on {broker.bootstrap}; Ctrl-C stops it", flush=True)
     try:
