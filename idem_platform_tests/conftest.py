@@ -30,6 +30,8 @@ from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.tables import sync_tables
 
 if TYPE_CHECKING:
+    import dagster as dg
+
     from idem_platform_tests.kafka_broker import Broker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -261,3 +263,73 @@ def kafka_config(directory: Path, bootstrap: str, topics: list[str], extra: str 
 
         prepare_tables(pg_url, config, config.connector("events"))
     return config
+
+
+def cli_env(pg_url: str, tmp_path: Path, config: IdemConfig, fault: str | None = None) -> dict[str, str]:
+    """The environment of an ``idem`` child process: this test's database, config and Dagster
+    home, ``local[2]``, and the fault point to arm (``IDEM_FAULT``), if any."""
+    home = tmp_path / "dagster_home"
+    home.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "IDEM_POSTGRES_URL": pg_url,
+        "IDEM_CONFIG": str(config.source),
+        "IDEM_SPARK_MASTER": "local[2]",
+        "DAGSTER_HOME": str(home),
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    env.pop("IDEM_FAULT", None)
+    if fault:
+        env["IDEM_FAULT"] = fault
+    return env
+
+
+def idem_command(*args: str) -> list[str]:
+    """``idem ARGS…`` run by this interpreter."""
+    return [sys.executable, "-m", "idem_platform.cli", *args]
+
+
+class SensorTicker:
+    """Evaluates a sensor tick after tick on a real instance, carrying the cursor and the
+    dynamic partitions it asks for like the daemon does, and runs what it requests."""
+
+    def __init__(self, config: IdemConfig, instance: dg.DagsterInstance, pg_url: str, sensor: str) -> None:
+        import dagster as dg
+
+        from idem_platform.defs.definitions import build_definitions
+
+        self.defs = build_definitions(config, postgres_url=pg_url)
+        self.sensor = self.defs.resolve_sensor_def(sensor)
+        self.instance = instance
+        self.pg_url = pg_url
+        self.cursor: str | None = None
+        self._dg = dg
+
+    def tick(self) -> dg.SensorResult:
+        dg = self._dg
+        from idem_platform.defs.resources import PostgresResource
+
+        context = dg.build_sensor_context(
+            instance=self.instance,
+            cursor=self.cursor,
+            resources={"postgres": PostgresResource(url=self.pg_url)},
+            definitions=self.defs,
+        )
+        result = self.sensor(context)
+        if isinstance(result, dg.SkipReason):
+            return dg.SensorResult(skip_reason=result, cursor=self.cursor)
+        assert isinstance(result, dg.SensorResult)
+        self.cursor = result.cursor or self.cursor
+        for request in result.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        return result
+
+    def run(self, request: dg.RunRequest, job: str) -> dg.ExecuteInProcessResult:
+        """Execute a requested run as the daemon would (same job, run config and tags)."""
+        return self.defs.resolve_job_def(job).execute_in_process(
+            instance=self.instance,
+            run_config=request.run_config,
+            tags=request.tags,
+            partition_key=request.partition_key,
+            raise_on_error=False,
+        )

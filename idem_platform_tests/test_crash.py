@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,28 +15,9 @@ import pytest
 from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform_tests.conftest import cli_env, idem_command
 
 pytestmark = pytest.mark.slow
-
-
-def _env(pg_url: str, tmp_path: Path, config: IdemConfig, fault: str | None) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "IDEM_POSTGRES_URL": pg_url,
-        "IDEM_CONFIG": str(config.source),
-        "IDEM_SPARK_MASTER": "local[2]",
-        "DAGSTER_HOME": str(tmp_path / "dagster_home"),
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    (tmp_path / "dagster_home").mkdir(exist_ok=True)
-    env.pop("IDEM_FAULT", None)
-    if fault:
-        env["IDEM_FAULT"] = fault
-    return env
-
-
-def _idem(*args: str) -> list[str]:
-    return [sys.executable, "-m", "idem_platform.cli", *args]
 
 
 def _counts(pg_url: str) -> dict[str, int]:
@@ -58,8 +38,8 @@ def test_killed_run_leaves_nothing_and_a_rerun_commits_once(
     path = write_lines(connector.path / "crash.ndjson", lines)
     marker = tmp_path / "paused.pid"
     process = subprocess.Popen(
-        _idem("ingest", "--connector", "threatfeed", str(path)),
-        env=_env(pg_url, tmp_path, threatfeed, f"{point}:pause:{marker}"),
+        idem_command("ingest", "--connector", "threatfeed", str(path)),
+        env=cli_env(pg_url, tmp_path, threatfeed, f"{point}:pause:{marker}"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -84,8 +64,8 @@ def test_killed_run_leaves_nothing_and_a_rerun_commits_once(
         assert conn.execute("SELECT status, attempts FROM idem.ingest_ledger").fetchall() == [("in_progress", 1)]
 
     rerun = subprocess.run(
-        _idem("ingest", "--connector", "threatfeed", str(path)),
-        env=_env(pg_url, tmp_path, threatfeed, None),
+        idem_command("ingest", "--connector", "threatfeed", str(path)),
+        env=cli_env(pg_url, tmp_path, threatfeed, None),
         capture_output=True,
         timeout=600,
     )
@@ -101,8 +81,8 @@ def test_killed_run_leaves_nothing_and_a_rerun_commits_once(
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'idem_staging'").fetchone() == (0,)
 
     again = subprocess.run(
-        _idem("ingest", "--connector", "threatfeed", str(path)),
-        env=_env(pg_url, tmp_path, threatfeed, None),
+        idem_command("ingest", "--connector", "threatfeed", str(path)),
+        env=cli_env(pg_url, tmp_path, threatfeed, None),
         capture_output=True,
         timeout=300,
     )

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,35 +14,18 @@ from typing import Any
 import pytest
 
 from idem_platform.commit.staging import drop_stale_staging
-from idem_platform.config import IdemConfig
 from idem_platform.connectors.kafka.offsets import committed_offsets
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines
-from idem_platform_tests.conftest import kafka_config, reset_database
+from idem_platform_tests.conftest import cli_env, idem_command, kafka_config, reset_database
 from idem_platform_tests.kafka_broker import Broker, create_topic, produce, spread
 from idem_platform_tests.test_kafka import TABLES, expected_outcome, ingest, stored_keys
 
 pytestmark = pytest.mark.kafka
 
 
-def _env(pg_url: str, tmp_path: Path, fault: str | None) -> dict[str, str]:
-    home = tmp_path / "dagster_home"
-    home.mkdir(exist_ok=True)
-    env = {
-        **os.environ,
-        "IDEM_POSTGRES_URL": pg_url,
-        "IDEM_SPARK_MASTER": "local[2]",
-        "DAGSTER_HOME": str(home),
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    env.pop("IDEM_FAULT", None)
-    if fault:
-        env["IDEM_FAULT"] = fault
-    return env
-
-
-def _ingest_command(config: IdemConfig) -> list[str]:
-    return [sys.executable, "-m", "idem_platform.cli", "ingest", "--connector", "events", "--config", str(config.source)]
+def _ingest_command() -> list[str]:
+    return idem_command("ingest", "--connector", "events")
 
 
 def _commits(pg_url: str) -> int:
@@ -63,8 +45,8 @@ def test_a_killed_kafka_run_is_committed_once_by_the_rerun(
     produce(kafka_broker.bootstrap, topic, messages)
     marker = tmp_path / "paused.pid"
     process = subprocess.Popen(
-        _ingest_command(config),
-        env=_env(pg_url, tmp_path, f"{point}:pause:{marker}"),
+        _ingest_command(),
+        env=cli_env(pg_url, tmp_path, config, f"{point}:pause:{marker}"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -80,7 +62,7 @@ def test_a_killed_kafka_run_is_committed_once_by_the_rerun(
     process.wait(timeout=60)
     assert _commits(pg_url) == (1 if point == "after_promote" else 0)
 
-    rerun = subprocess.run(_ingest_command(config), env=_env(pg_url, tmp_path, None), capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(_ingest_command(), env=cli_env(pg_url, tmp_path, config), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads(rerun.stdout.strip().splitlines()[-1])
     if point == "before_promote":

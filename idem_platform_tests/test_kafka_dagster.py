@@ -4,9 +4,7 @@ in process with the sensor's run config, and the CLI (``idem ingest`` of a Kafka
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +14,16 @@ import dagster as dg
 import pytest
 
 from idem_platform.config import IdemConfig
-from idem_platform.defs.definitions import build_definitions
-from idem_platform.defs.resources import PostgresResource
 from idem_platform.ledger import Ledger
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines
-from idem_platform_tests.conftest import kafka_config, reset_database
+from idem_platform_tests.conftest import (
+    SensorTicker,
+    cli_env,
+    idem_command,
+    kafka_config,
+    reset_database,
+)
 from idem_platform_tests.kafka_broker import Broker, add_partitions, create_topic, produce, spread
 
 pytestmark = pytest.mark.kafka
@@ -33,36 +35,14 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield instance
 
 
-class Ticker:
-    """Evaluates the Kafka sensor tick after tick, carrying the cursor like the daemon does."""
+class Ticker(SensorTicker):
+    """The Kafka connector's sensor, and its job for the runs it requests."""
 
     def __init__(self, config: IdemConfig, instance: dg.DagsterInstance, pg_url: str) -> None:
-        self.defs = build_definitions(config, postgres_url=pg_url)
-        self.sensor = self.defs.resolve_sensor_def("events_kafka_sensor")
-        self.instance = instance
-        self.pg_url = pg_url
-        self.cursor: str | None = None
+        super().__init__(config, instance, pg_url, "events_kafka_sensor")
 
-    def tick(self) -> dg.SensorResult:
-        context = dg.build_sensor_context(
-            instance=self.instance,
-            cursor=self.cursor,
-            resources={"postgres": PostgresResource(url=self.pg_url)},
-            definitions=self.defs,
-        )
-        result = self.sensor(context)
-        if isinstance(result, dg.SkipReason):
-            return dg.SensorResult(skip_reason=result, cursor=self.cursor)
-        assert isinstance(result, dg.SensorResult)
-        self.cursor = result.cursor or self.cursor
-        return result
-
-    def run(self, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
-        """Execute a requested run as the daemon would (same job, same run config)."""
-        job = self.defs.resolve_job_def("events_ingest")
-        return job.execute_in_process(
-            instance=self.instance, run_config=request.run_config, tags=request.tags, raise_on_error=False
-        )
+    def run(self, request: dg.RunRequest, job: str = "events_ingest") -> dg.ExecuteInProcessResult:
+        return super().run(request, job)
 
 
 def skip_message(result: dg.SensorResult) -> str:
@@ -198,18 +178,8 @@ def test_broker_down_skips_the_tick_and_the_next_tick_resumes_without_loss(
 
 
 def _idem(pg_url: str, tmp_path: Path, config: IdemConfig, *args: str) -> subprocess.CompletedProcess[str]:
-    home = tmp_path / "dagster_home"
-    home.mkdir(exist_ok=True)
-    env = {
-        **os.environ,
-        "IDEM_POSTGRES_URL": pg_url,
-        "IDEM_SPARK_MASTER": "local[2]",
-        "DAGSTER_HOME": str(home),
-        "PYSPARK_PYTHON": sys.executable,
-    }
     return subprocess.run(
-        [sys.executable, "-m", "idem_platform.cli", *args, "--config", str(config.source)],
-        env=env, capture_output=True, text=True, timeout=300,
+        idem_command(*args), env=cli_env(pg_url, tmp_path, config), capture_output=True, text=True, timeout=300
     )
 
 

@@ -11,12 +11,11 @@ import pytest
 
 from idem_platform.config import IdemConfig
 from idem_platform.connectors.filedrop.files import hash_file
-from idem_platform.defs.definitions import build_definitions
 from idem_platform.defs.filedrop.sensors import decide
-from idem_platform.defs.resources import PostgresResource
 from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
+from idem_platform_tests.conftest import SensorTicker
 
 
 @pytest.fixture
@@ -25,34 +24,9 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield instance
 
 
-class Ticker:
-    """Evaluates the sensor tick after tick, carrying the cursor like the daemon does."""
-
-    def __init__(self, config: IdemConfig, instance: dg.DagsterInstance, pg_url: str) -> None:
-        self.defs = build_definitions(config, postgres_url=pg_url)
-        self.sensor = self.defs.resolve_sensor_def("threatfeed_filedrop_sensor")
-        self.instance = instance
-        self.pg_url = pg_url
-        self.cursor: str | None = None
-
-    def tick(self) -> dg.SensorResult:
-        context = dg.build_sensor_context(
-            instance=self.instance,
-            cursor=self.cursor,
-            resources={"postgres": PostgresResource(url=self.pg_url)},
-            definitions=self.defs,
-        )
-        result = self.sensor(context)
-        assert isinstance(result, dg.SensorResult)
-        self.cursor = result.cursor
-        for request in result.dynamic_partitions_requests or []:
-            self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-        return result
-
-
 @pytest.fixture
-def ticker(threatfeed: IdemConfig, instance: dg.DagsterInstance, pg_url: str) -> Ticker:
-    return Ticker(threatfeed, instance, pg_url)
+def ticker(threatfeed: IdemConfig, instance: dg.DagsterInstance, pg_url: str) -> SensorTicker:
+    return SensorTicker(threatfeed, instance, pg_url, "threatfeed_filedrop_sensor")
 
 
 def skip_message(result: dg.SensorResult) -> str:
@@ -78,7 +52,7 @@ def record_ledger(pg_url: str, key: str, status: str, *, attempts: int = 1, retr
             ledger.fail_permanent(key, {"class": "X", "message": "boom", "retryable": retryable}, owner="run-1/c1")
 
 
-def test_new_file_is_requested_once_it_has_settled(ticker: Ticker, threatfeed: IdemConfig) -> None:
+def test_new_file_is_requested_once_it_has_settled(ticker: SensorTicker, threatfeed: IdemConfig) -> None:
     path = write_lines(drop_dir(threatfeed) / "day1.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
     first = ticker.tick()
     assert first.run_requests == [] and "waiting to settle" in skip_message(first)
@@ -97,14 +71,14 @@ def test_new_file_is_requested_once_it_has_settled(ticker: Ticker, threatfeed: I
     assert [r.run_key for r in third.run_requests] == [request.run_key]
 
 
-def test_committed_file_requests_nothing(ticker: Ticker, threatfeed: IdemConfig, pg_url: str) -> None:
+def test_committed_file_requests_nothing(ticker: SensorTicker, threatfeed: IdemConfig, pg_url: str) -> None:
     path = write_lines(drop_dir(threatfeed) / "done.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
     record_ledger(pg_url, hash_file(path).key, "committed")
     ticker.tick()
     assert ticker.tick().run_requests == []
 
 
-def test_half_written_and_hidden_files_are_not_requested(ticker: Ticker, threatfeed: IdemConfig) -> None:
+def test_half_written_and_hidden_files_are_not_requested(ticker: SensorTicker, threatfeed: IdemConfig) -> None:
     directory = drop_dir(threatfeed)
     growing = directory / "growing.ndjson"
     growing.write_text('{"type":"malware","id":1,"name":"a"}\n')
@@ -118,7 +92,7 @@ def test_half_written_and_hidden_files_are_not_requested(ticker: Ticker, threatf
     assert request.partition_key == "growing.ndjson"
 
 
-def test_failed_file_is_retried_with_a_new_run_key(ticker: Ticker, threatfeed: IdemConfig, pg_url: str) -> None:
+def test_failed_file_is_retried_with_a_new_run_key(ticker: SensorTicker, threatfeed: IdemConfig, pg_url: str) -> None:
     path = write_lines(drop_dir(threatfeed) / "flaky.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
     sha = hash_file(path).sha256
     record_ledger(pg_url, f"filedrop:{sha}", "failed", attempts=1, retryable=True)
@@ -127,7 +101,7 @@ def test_failed_file_is_retried_with_a_new_run_key(ticker: Ticker, threatfeed: I
     assert request.run_key == f"flaky.ndjson@{sha[:16]}#2" and request.tags["idem/attempt"] == "2"
 
 
-def test_permanent_failures_and_exhausted_retries_are_held(ticker: Ticker, threatfeed: IdemConfig, pg_url: str) -> None:
+def test_permanent_failures_and_exhausted_retries_are_held(ticker: SensorTicker, threatfeed: IdemConfig, pg_url: str) -> None:
     directory = drop_dir(threatfeed)
     bad = write_lines(directory / "bad.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
     tired = write_lines(directory / "tired.ndjson", ['{"type":"malware","id":2,"name":"b"}'])
@@ -141,7 +115,7 @@ def test_permanent_failures_and_exhausted_retries_are_held(ticker: Ticker, threa
 
 
 def test_in_progress_file_waits_for_a_live_run_and_is_taken_over_from_a_dead_one(
-    ticker: Ticker, threatfeed: IdemConfig, pg_url: str
+    ticker: SensorTicker, threatfeed: IdemConfig, pg_url: str
 ) -> None:
     path = write_lines(drop_dir(threatfeed) / "busy.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
     key = hash_file(path).key

@@ -199,8 +199,9 @@ def _clean_up_after_failure(request: CommitRequest, keys: list[str], plan: Commi
     drop_staging_quietly(request.url, [plan.commit_id])
 
 
-def nothing_to_commit(batch: SourceBatch, *, started: float) -> dict[str, Any]:
-    """The summary of a run that found nothing waiting (no Kafka lag): no commit, no row."""
+def summary_without_commit(batch: SourceBatch, *, started: float, **details: Any) -> dict[str, Any]:
+    """The summary of a run that committed nothing, and no ``commits`` row: nothing was
+    waiting at the source, or another run committed the source's range first."""
     return {
         "commit_id": None,
         "connector": batch.connector,
@@ -209,9 +210,8 @@ def nothing_to_commit(batch: SourceBatch, *, started: float) -> dict[str, Any]:
         "rows_rejected": 0,
         "replayed": False,
         "files": [],
-        "sources": [],
-        "nothing_to_ingest": True,
         **({"notes": list(batch.notes)} if batch.notes else {}),
+        **details,
         "seconds": round(time.monotonic() - started, 3),
     }
 
@@ -279,7 +279,7 @@ def commit_batch(
     started = time.monotonic() if started is None else started
     batch = coerced.batch
     if batch.empty:
-        return nothing_to_commit(batch, started=started)
+        return summary_without_commit(batch, started=started, sources=[], nothing_to_ingest=True)
     if batch.fully_replayed:
         return replay_batch(request, batch, started=started)
     namespace = request.connector.name
@@ -312,7 +312,9 @@ def commit_batch(
             attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
         except errors.SourceMoved as moved:
             _clean_up_after_failure(request, keys, plan, moved)
-            return _already_committed(batch, plan, str(moved), started=started)
+            return summary_without_commit(
+                batch, started=started, replayed=True, sources=plan.sources(), already_committed=str(moved)
+            )
         except Exception as exc:  # noqa: BLE001 - every failure is recorded, then re-raised typed
             error = as_idem_error(exc)
             _clean_up_after_failure(request, keys, plan, error)
@@ -331,19 +333,3 @@ def commit_batch(
         result["already_committed"] = [u.label for u in batch.replayed]
     result["seconds"] = round(time.monotonic() - started, 3)
     return result
-
-
-def _already_committed(batch: SourceBatch, plan: CommitPlan, reason: str, *, started: float) -> dict[str, Any]:
-    """The summary of a run whose source another run moved first: nothing committed, nothing lost."""
-    return {
-        "commit_id": None,
-        "connector": batch.connector,
-        "rows_written": 0,
-        "rows_skipped": 0,
-        "rows_rejected": 0,
-        "replayed": True,
-        "files": [],
-        "sources": plan.sources(),
-        "already_committed": reason,
-        "seconds": round(time.monotonic() - started, 3),
-    }
