@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -333,3 +334,23 @@ class SensorTicker:
             partition_key=request.partition_key,
             raise_on_error=False,
         )
+
+
+def kill_at_fault(command: list[str], env: dict[str, str], marker: Path, timeout: float = 240) -> None:
+    """Run ``command`` with a ``pause`` fault armed (writing ``marker``) and, once it pauses there,
+    SIGKILL its whole process group: the machine dies with the driver, its JVM and every Python
+    worker at once."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert process.poll() is None, process.stderr.read().decode()[-3000:] if process.stderr else ""
+        assert time.monotonic() < deadline, "the run never reached the fault point"
+        time.sleep(0.2)
+    time.sleep(0.3)
+    paused = int(marker.read_text())
+    os.killpg(process.pid, signal.SIGKILL)
+    try:
+        os.kill(paused, signal.SIGKILL)  # an executor's Python worker may sit in its own group
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=60)

@@ -4,10 +4,7 @@ visible; the next run takes the file over and commits every record exactly once.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +12,7 @@ import pytest
 from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
-from idem_platform_tests.conftest import cli_env, idem_command
+from idem_platform_tests.conftest import cli_env, idem_command, kill_at_fault
 
 pytestmark = pytest.mark.slow
 
@@ -37,27 +34,7 @@ def test_killed_run_leaves_nothing_and_a_rerun_commits_once(
     lines = list(threatfeed_lines(4000, seed=11, duplicate_ratio=0.1, bad_ratio=0.01))
     path = write_lines(connector.path / "crash.ndjson", lines)
     marker = tmp_path / "paused.pid"
-    process = subprocess.Popen(
-        idem_command("ingest", "--connector", "threatfeed", str(path)),
-        env=cli_env(pg_url, tmp_path, threatfeed, f"{point}:pause:{marker}"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 240
-    while not marker.exists():
-        assert process.poll() is None, process.stderr.read().decode()[-3000:] if process.stderr else ""
-        assert time.monotonic() < deadline, "the run never reached the fault point"
-        time.sleep(0.2)
-    time.sleep(0.3)
-    paused = int(marker.read_text())
-    # The machine dies: the driver, its JVM and every Python worker, at once.
-    os.killpg(process.pid, signal.SIGKILL)
-    try:
-        os.kill(paused, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait(timeout=60)
+    kill_at_fault(idem_command("ingest", "--connector", "threatfeed", str(path)), cli_env(pg_url, tmp_path, threatfeed, f"{point}:pause:{marker}"), marker)
 
     assert _counts(pg_url) == {"indicator": 0, "malware": 0, "threat-actor": 0, "rejects": 0, "commits": 0}
     with connect(pg_url) as conn:

@@ -290,3 +290,19 @@ def test_config_errors_name_the_kafka_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is not a Kafka topic name"):
         parse_config(base.replace("topics: [t]", "topics: ['a b']"))
     assert json.dumps(parse_config(base).connector("events").group) == '"idem-events"'
+
+
+def test_kafka_metadata_ignore_keeps_no_message_metadata_in_rows_but_rejects_keep_it(
+    pg_url: str, tmp_path: Path, spark: Any, kafka_broker: Broker, topic: str
+) -> None:
+    reset_database(pg_url)
+    create_topic(kafka_broker.bootstrap, topic, 1)
+    config = kafka_config(tmp_path, kafka_broker.bootstrap, [topic], "kafka_metadata: ignore", pg_url=pg_url)
+    produce(kafka_broker.bootstrap, topic, [(0, b"k1", next(iter(threatfeed_lines(1, seed=3))).encode(), None), (0, b"k2", b"oops", None)])
+    summary = ingest(pg_url, config, spark)
+    assert (summary["rows_written"], summary["rows_rejected"]) == (1, 1)
+    columns = {name for table in TABLES for (name,) in rows(
+        pg_url, "SELECT column_name FROM information_schema.columns WHERE table_schema = 'idem' AND table_name = %s", table
+    )}
+    assert "_kafka" not in columns and "_source" in columns
+    assert rows(pg_url, "SELECT context ->> 'key' FROM idem.rejects") == [("k2",)]  # a poison message is still found

@@ -4,8 +4,6 @@ or writes nothing; and aborted transactions stay out when the broker hides them 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +15,13 @@ from idem_platform.commit.staging import drop_stale_staging
 from idem_platform.connectors.kafka.offsets import committed_offsets
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines
-from idem_platform_tests.conftest import cli_env, idem_command, kafka_config, reset_database
+from idem_platform_tests.conftest import (
+    cli_env,
+    idem_command,
+    kafka_config,
+    kill_at_fault,
+    reset_database,
+)
 from idem_platform_tests.kafka_broker import Broker, create_topic, produce, spread
 from idem_platform_tests.test_kafka import TABLES, expected_outcome, ingest, stored_keys
 
@@ -44,22 +48,7 @@ def test_a_killed_kafka_run_is_committed_once_by_the_rerun(
     messages = spread(threatfeed_lines(4000, seed=17, duplicate_ratio=0.1, bad_ratio=0.01), 3)
     produce(kafka_broker.bootstrap, topic, messages)
     marker = tmp_path / "paused.pid"
-    process = subprocess.Popen(
-        _ingest_command(),
-        env=cli_env(pg_url, tmp_path, config, f"{point}:pause:{marker}"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 240
-    while not marker.exists():
-        assert process.poll() is None, process.stderr.read().decode()[-3000:] if process.stderr else ""
-        assert time.monotonic() < deadline, "the run never reached the fault point"
-        time.sleep(0.2)
-    time.sleep(0.3)
-    # The machine dies: the driver, its JVM and every Python worker, at once.
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=60)
+    kill_at_fault(_ingest_command(), cli_env(pg_url, tmp_path, config, f"{point}:pause:{marker}"), marker)
     assert _commits(pg_url) == (1 if point == "after_promote" else 0)
 
     rerun = subprocess.run(_ingest_command(), env=cli_env(pg_url, tmp_path, config), capture_output=True, text=True, timeout=300)

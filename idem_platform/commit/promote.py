@@ -444,7 +444,7 @@ def promote(conn: psycopg.Connection, plan: CommitPlan, messages: list[StagedAtt
 
     Raises:
         RejectRatioExceeded: the batch is over ``max_reject_ratio``; nothing committed.
-        ClaimLost: another run owns or committed the files; nothing committed.
+        ClaimLost: another run owns or committed the units; nothing committed.
         TransientError: a partition has no message; nothing committed.
     """
     chosen = accepted_attempts(plan, messages)
@@ -500,9 +500,9 @@ def _log(conn: psycopg.Connection, commit_id: str, written: int, skipped: int, r
 
 
 def record_replay(conn: psycopg.Connection, plan: CommitPlan, priors: list[dict[str, Any]]) -> dict[str, Any]:
-    """Record a run whose files were all committed before: a ``replay`` commit, nothing else.
+    """Record a run whose units were all committed before: a ``replay`` commit, nothing else.
 
-    Every record of the files counts as ``replay_skip``; ``prior`` carries the
+    Every record of the units counts as ``replay_skip``; ``prior`` carries the
     original commits' counts. Runs in its own transaction.
     """
     skipped = sum(p.get("rows_written", 0) + p.get("rows_skipped", 0) + p.get("rows_rejected", 0) for p in _unique(priors))
