@@ -59,6 +59,9 @@ def test_definitions_expose_assets_job_sensor_schedule_and_checks(threatfeed: Id
     assert keys == {"threatfeed/ingest", "threatfeed/coerced", "threatfeed/committed"}
     assert {check.name for check in graph.asset_check_keys} == {"pandera_contract", "commit_consistency", "reject_ratio"}
     assert defs.resolve_job_def("threatfeed_ingest").executor_def is dg.in_process_executor
+    # The UI's "Materialize" and backfills run the implicit asset job: one process for it too.
+    implicit = defs.resolve_implicit_job_def_def_for_assets([dg.AssetKey(["threatfeed", "committed"])])
+    assert implicit is not None and implicit.executor_def is dg.in_process_executor
     assert defs.resolve_sensor_def("threatfeed_filedrop_sensor").job_name == "threatfeed_ingest"
     assert defs.resolve_schedule_def("ledger_purge_hourly").cron_schedule == "0 * * * *"
     ingest = defs.resolve_assets_def(dg.AssetKey(["threatfeed", "ingest"]))
@@ -88,6 +91,37 @@ def test_job_commits_a_partition_and_reports_it(
     assert replay["prior"]["commit_id"] == metadata["commit_id"]
     with connect(pg_url) as conn:
         assert conn.execute("SELECT count(*) FROM idem.indicator").fetchone() == (1,)
+
+
+def test_committed_alone_materializes_from_the_partitions_latest_plan(
+    threatfeed: IdemConfig, pg_url: str, instance: dg.DagsterInstance, spark: Any
+) -> None:
+    """What a user does in the UI after a run: select one partition of ``committed`` and
+    Materialize. The run has no ``coerced`` step; it loads that partition's latest plan."""
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    path = write_lines(connector.path / "alone.ndjson", GOOD)
+    first = run_partition(threatfeed, pg_url, instance, path)
+    assert first.success
+    defs = build_definitions(threatfeed, postgres_url=pg_url)
+    committed_key = dg.AssetKey(["threatfeed", "committed"])
+    job = defs.resolve_implicit_job_def_def_for_assets([committed_key])
+    assert job is not None
+    alone = job.execute_in_process(
+        instance=instance, partition_key=partition_key_for(connector, path), asset_selection=[committed_key], raise_on_error=False
+    )
+    assert alone.success
+    metadata = committed_metadata(alone)
+    assert metadata["replayed"] is True and metadata["prior"]["commit_id"] == committed_metadata(first)["commit_id"]
+    assert metadata["dagster/row_count"] == 3  # the partition's rows, not the 0 this run wrote
+
+    never = write_lines(connector.path / "never.ndjson", GOOD)
+    key = partition_key_for(connector, never)
+    instance.add_dynamic_partitions(partitions_for(connector).name or "", [key])
+    missing = job.execute_in_process(instance=instance, partition_key=key, asset_selection=[committed_key], raise_on_error=False)
+    assert not missing.success
+    (failure,) = [e for e in missing.all_events if e.is_step_failure]
+    assert "partition 'never.ndjson' has never been materialized" in str(failure.step_failure_data.error)
 
 
 def test_commit_consistency_fails_when_the_table_lost_a_row_of_the_commit(

@@ -67,6 +67,10 @@ def build_definitions(config: IdemConfig, *, postgres_url: str | None = None) ->
                 key="connectors",
             )
     base = dg.Definitions(
+        # Every job runs its steps in one process, the implicit asset job of the UI's
+        # "Materialize" and backfills included: the steps share one Spark session, and
+        # a replay costs seconds, not a process per step.
+        executor=dg.in_process_executor,
         jobs=[ledger_purge_job],
         schedules=[ledger_purge_schedule],
         resources=resources_for(config, postgres_url=postgres_url),

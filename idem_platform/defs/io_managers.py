@@ -1,9 +1,11 @@
 """IO managers: where the ``ingest``/``coerced`` plans live, and how ``committed`` is written.
 
-``spark_plan_io_manager`` stores the *plan* of a lazy Spark frame (files, keys,
-splits, catalog), a few kilobytes, not its rows; the frame is rebuilt from the
-plan wherever it is loaded, so re-executing only ``committed`` from the UI in a
-new run works, and the files are read once, by the executors, at commit time.
+``spark_plan_io_manager`` stores the *plan* of a lazy Spark frame (units, keys,
+slices, catalog), a few kilobytes, not its rows; the frame is rebuilt from the
+plan wherever it is loaded, and the records are read once, by the executors, at
+commit time. Each plan is kept under its run and, as the latest one, under its
+asset and partition: a run that materializes only ``committed`` (the UI's
+"Materialize" on one asset) loads the latest ``coerced`` plan of its partition.
 
 ``warehouse_io_manager`` commits the ``coerced`` frame exactly once (DESIGN §5)
 and reports what happened as materialization metadata.
@@ -26,6 +28,7 @@ from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.pipeline import CoercedBatch, check_cluster_reach
 
 REPLAY_TAG = "idem/replay"
+LATEST = "latest"  # the plans directory that keeps each asset partition's latest plan
 # What a summary may say about a source besides its files (Kafka ranges, the group mirror, notes).
 SOURCE_DETAILS = ("offsets", "consumer_group", "already_committed", "nothing_to_ingest", "notes")
 
@@ -52,19 +55,23 @@ class SparkPlanIOManager(dg.ConfigurableIOManager):
         return self._root(context) / run_id / "__".join(context.asset_key.path) / f"{digest}.pkl"
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        path = self._path(context, context.run_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_bytes(pickle.dumps(obj))
-        temporary.replace(path)
+        data = pickle.dumps(obj)
+        for path in (self._path(context, context.run_id), self._path(context, LATEST)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_name(f"{path.name}.{context.run_id}.tmp")
+            temporary.write_bytes(data)
+            temporary.replace(path)
 
     def load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output
-        assert upstream is not None
-        path = self._path(context, upstream.run_id)
+        run_id = upstream.run_id if upstream is not None else None
+        own = self._path(context, run_id) if run_id else None
+        path = own if own is not None and own.exists() else self._path(context, LATEST)
         if not path.exists():
-            raise FileNotFoundError(
-                f"no plan for {context.asset_key.to_user_string()} at {path}; materialize it again"
+            partition = f" partition {context.partition_key!r}" if context.has_partition_key else ""
+            raise dg.DagsterInvariantViolationError(
+                f"{context.asset_key.to_user_string()}{partition} has never been materialized: "
+                "materialize it (or its ingest and it together) first"
             )
         return pickle.loads(path.read_bytes())
 
@@ -114,7 +121,8 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
                     **{key: summary[key] for key in SOURCE_DETAILS if summary.get(key)},
                     "prior": summary.get("prior"),
                     "summary": summary,
-                    "dagster/row_count": summary["rows_written"],
+                    # The rows this partition's records are in: a replay's are the prior commit's.
+                    "dagster/row_count": int(summary["rows_written"] or (summary.get("prior") or {}).get("rows_written", 0)),
                 }
             )
         )
