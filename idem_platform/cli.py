@@ -252,6 +252,49 @@ def cmd_read(args: argparse.Namespace) -> dict[str, Any] | None:
     return None
 
 
+def list_rejects(
+    url: str, *, connector: str | None = None, commit: str | None = None, limit: int = 50
+) -> list[dict[str, Any]]:
+    """Rejected records, newest commit first, each with its position and every reason."""
+    import uuid
+
+    from idem_platform.postgres import connect
+
+    if commit is not None:
+        try:
+            commit = str(uuid.UUID(commit))
+        except ValueError:
+            raise CommandError(f"--commit {commit!r} is not a commit id (a UUID)") from None
+    if limit < 1:
+        raise CommandError(f"--limit must be at least 1 (got {limit})")
+    with connect(url) as conn:
+        rows = conn.execute(
+            "SELECT commit_id::text, connector, source, position, line, reasons, raw, raw_length, context, created_at "
+            "FROM idem.rejects WHERE (%(connector)s::text IS NULL OR connector = %(connector)s) "
+            "AND (%(commit)s::uuid IS NULL OR commit_id = %(commit)s::uuid) "
+            "ORDER BY created_at DESC, reject_id LIMIT %(limit)s",
+            {"connector": connector, "commit": commit, "limit": limit},
+        ).fetchall()
+    keys = ("commit_id", "connector", "source", "position", "line", "reasons", "raw", "raw_length", "context", "created_at")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def cmd_rejects(args: argparse.Namespace) -> dict[str, Any] | None:
+    url = prepare_environment()
+    rejects = list_rejects(url, connector=args.connector, commit=args.commit, limit=args.limit)
+    if args.json or not sys.stdout.isatty():
+        for reject in rejects:
+            sys.stdout.write(json.dumps(reject, ensure_ascii=False, default=str) + "\n")
+        return None
+    for reject in rejects:
+        reasons = "; ".join(
+            f"{r.get('field') + ': ' if r.get('field') else ''}{r['message']} [{r['rule']}]" for r in reject["reasons"]
+        )
+        sys.stdout.write(f"{reject['connector']}  {reject['position']}  {reasons}\n    {reject['raw'][:160]}\n")
+    sys.stdout.write(f"{len(rejects)} reject(s) shown\n")
+    return None
+
+
 def cmd_ledger_purge(args: argparse.Namespace) -> dict[str, Any]:
     from datetime import timedelta
 
@@ -366,6 +409,12 @@ def parser() -> argparse.ArgumentParser:
     purge.add_argument("--config")
     purge.add_argument("--grace-seconds", type=int, default=3600)
     purge.set_defaults(func=cmd_ledger_purge)
+    rejects = add("rejects", "list rejected records with their positions and reasons")
+    rejects.add_argument("--connector", help="only this connector's rejects")
+    rejects.add_argument("--commit", help="only the rejects of this commit id")
+    rejects.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    rejects.add_argument("--json", action="store_true", help="JSON lines even on a terminal")
+    rejects.set_defaults(func=cmd_rejects)
     offsets = add("offsets", "per Kafka partition: committed offset, log end and lag")
     offsets.add_argument("--connector", help="one Kafka connector (default: all)")
     offsets.add_argument("--json", action="store_true", help="one JSON line even on a terminal")

@@ -47,6 +47,13 @@ def test_ingest_prints_one_summary_line_then_replays(env: IdemConfig, spark: Any
     row = json.loads(lines[0])
     assert row["_external_id"] == "m" and row["name"] == "x" and row["_commit_id"] == summary["commit_id"]
 
+    code, lines, _ = run(capsys, "rejects", "--commit", summary["commit_id"])
+    (reject,) = [json.loads(line) for line in lines]
+    assert code == 0 and reject["line"] == 2 and reject["raw"] == "{bad" and reject["connector"] == "threatfeed"
+    assert reject["position"].endswith("#L2") and reject["reasons"][0]["rule"] == "json"
+    code, lines, _ = run(capsys, "rejects", "--connector", "other")
+    assert code == 0 and lines == []
+
 
 def test_multiple_files_commit_together(env: IdemConfig, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     directory = env.connector("threatfeed").path
@@ -65,6 +72,8 @@ def test_multiple_files_commit_together(env: IdemConfig, spark: Any, capsys: pyt
         (("ingest", "--connector", "threatfeed", "/no/such/file.ndjson"), "no such file: /no/such/file.ndjson"),
         (("ingest", "--connector", "nope", "x"), "no connector named 'nope' (known: threatfeed)"),
         (("read", "nope"), "unknown record type 'nope'"),
+        (("rejects", "--commit", "notauuid"), "--commit 'notauuid' is not a commit id (a UUID)"),
+        (("rejects", "--limit", "0"), "--limit must be at least 1 (got 0)"),
     ],
 )
 def test_errors_are_one_line(env: IdemConfig, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str) -> None:
