@@ -45,15 +45,20 @@ def prepare_environment() -> str:
     os.environ[POSTGRES_URL_ENV] = url
     with connect(url, autocommit=True) as conn:
         ensure_schema(conn)
-    if not os.environ.get("DAGSTER_HOME"):
+    template = (resources.files("idem_platform") / "dagster.yaml").read_text(encoding="utf-8")
+    chosen = os.environ.get("DAGSTER_HOME")
+    if not chosen:
         home = idem_home() / "dagster"
         home.mkdir(parents=True, exist_ok=True)
-        template = resources.files("idem_platform") / "dagster.yaml"
         target = home / "dagster.yaml"
-        text = template.read_text(encoding="utf-8")
-        if not target.exists() or target.read_text(encoding="utf-8") != text:
-            target.write_text(text, encoding="utf-8")
+        if not target.exists() or target.read_text(encoding="utf-8") != template:
+            target.write_text(template, encoding="utf-8")
         os.environ["DAGSTER_HOME"] = str(home)
+    elif not Path(chosen).exists():
+        # Dagster refuses a DAGSTER_HOME that does not exist: make it, with idem's
+        # instance settings (storage on the same PostgreSQL), as the default one has.
+        Path(chosen).mkdir(parents=True)
+        (Path(chosen) / "dagster.yaml").write_text(template, encoding="utf-8")
     return url
 
 
@@ -378,7 +383,44 @@ def cmd_dev(args: argparse.Namespace) -> dict[str, Any] | None:
     workspace = Path(args.workspace).resolve()
     command = [dagster, "dev", "-w", str(workspace), "--host", args.host, "--port", str(args.port)]
     sys.stderr.write(json.dumps({"dagster_home": os.environ["DAGSTER_HOME"], "postgres": url, "command": command}) + "\n")
-    return {"exit_code": subprocess.call(command)}
+    return {"exit_code": run_until_signalled(command)}
+
+
+def run_until_signalled(command: list[str], grace_seconds: float = 10.0) -> int:
+    """Run ``command`` in its own process group; on SIGINT or SIGTERM, pass the signal to the
+    whole group (dagster dev, its webserver, daemon, code server and run workers) and kill
+    whatever of the group is still there ``grace_seconds`` later."""
+    import signal
+
+    process = subprocess.Popen(command, start_new_session=True)
+    received: list[tuple[int, float]] = []  # (signal, when)
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append((signum, time.monotonic()))
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                code = process.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if received and time.monotonic() - received[0][1] > grace_seconds:
+                    os.killpg(process.pid, signal.SIGKILL)
+        if not received:
+            return code
+        try:  # what the group left behind (a code server, a run worker) goes too
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return 130 if received[0][0] == signal.SIGINT else 143
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def parser() -> argparse.ArgumentParser:

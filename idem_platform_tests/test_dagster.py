@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -198,3 +199,51 @@ def test_dagster_loads_the_workspace(tmp_path: Path) -> None:
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "Validation successful for code location idem_platform" in completed.stdout + completed.stderr
+
+
+@pytest.mark.slow
+def test_idem_dev_stops_everything_it_started_on_sigterm(
+    threatfeed: IdemConfig, pg_url: str, tmp_path: Path
+) -> None:
+    """``idem dev`` passes SIGTERM to dagster dev's whole process group (webserver, daemon,
+    code server) and nothing of it outlives the grace period; a DAGSTER_HOME that does not
+    exist yet is created."""
+    import signal
+    import urllib.request
+
+    import psutil
+
+    from idem_platform_tests.kafka_broker import free_port
+
+    port = free_port()
+    home = tmp_path / "not-yet" / "dagster_home"
+    env = {**os.environ, "IDEM_POSTGRES_URL": pg_url, "DAGSTER_HOME": str(home)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "idem_platform.cli", "dev", "--config", str(threatfeed.source), "--port", str(port),
+         "--workspace", str(REPO / "workspace.yaml")],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert process.poll() is None, "idem dev exited early"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the webserver never answered"
+            time.sleep(1)
+        family = psutil.Process(process.pid).children(recursive=True)
+        assert len(family) >= 3  # dagster dev, its webserver, its daemon (and code servers)
+        assert (home / "dagster.yaml").is_file()
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 143
+        gone, alive = psutil.wait_procs(family, timeout=max(1.0, 15 - (time.monotonic() - started)))
+        assert not alive, [p.info if hasattr(p, "info") else p.pid for p in alive]
+        assert time.monotonic() - started < 15
+    finally:
+        if process.poll() is None:
+            process.kill()

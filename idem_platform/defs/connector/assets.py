@@ -55,7 +55,7 @@ def build_commit_assets(
         kinds={"spark", "python"},
         tags=tags,
         description=(
-            f"The {noun} parsed, keyed and coerced to the catalog (DESIGN §3) by per-record Python "
+            f"The {noun} parsed, keyed and coerced to the catalog's column types by per-record Python "
             "running inside Spark tasks over Arrow batches: at commit time each slice's task "
             f"coerces and stages its {noun}; readers of the lazy frame get the same code through "
             f"mapInArrow. Bad {noun} become rejects with every reason; good rows carry their "
