@@ -78,6 +78,30 @@ def test_committed_file_requests_nothing(ticker: SensorTicker, threatfeed: IdemC
     assert ticker.tick().run_requests == []
 
 
+def test_a_copy_of_a_committed_file_is_named_in_the_skip_reason(
+    ticker: SensorTicker, threatfeed: IdemConfig, pg_url: str
+) -> None:
+    directory = drop_dir(threatfeed)
+    original = write_lines(directory / "feed-001.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
+    key = hash_file(original).key
+    with connect(pg_url) as conn, conn.transaction():
+        ledger = Ledger(conn, "threatfeed")
+        ledger.begin(key, {"connector": "threatfeed", "file_key": key}, owner="run-1/c1")
+        ledger.commit(key, {"commit_id": "c1", "files": [{"file": str(original.resolve()), "key": key}]}, owner="run-1/c1")
+    write_lines(directory / "feed-003.ndjson", ['{"type":"malware","id":1,"name":"a"}'])  # the same bytes
+    ticker.tick()
+    result = ticker.tick()
+    assert result.run_requests == []
+    assert "feed-003.ndjson: same content as committed feed-001.ndjson" in skip_message(result)
+    assert "feed-001.ndjson:" not in skip_message(result)  # the original is simply committed
+
+
+def test_the_drop_directory_is_created_by_the_first_tick(ticker: SensorTicker, threatfeed: IdemConfig) -> None:
+    directory = threatfeed.connector("threatfeed").path
+    assert directory is not None and not directory.exists()
+    assert "0 file(s)" in skip_message(ticker.tick()) and directory.is_dir()
+
+
 def test_half_written_and_hidden_files_are_not_requested(ticker: SensorTicker, threatfeed: IdemConfig) -> None:
     directory = drop_dir(threatfeed)
     growing = directory / "growing.ndjson"

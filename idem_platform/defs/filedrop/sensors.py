@@ -54,6 +54,27 @@ def decide(
     return Decision(relative, sha256, attempt, reason)
 
 
+def _copies_of_committed(directory: Path, decisions: list[Decision], entries: dict[str, LedgerEntry]) -> list[str]:
+    """``feed-003.ndjson: same content as committed feed-001.ndjson`` for each settled file whose
+    bytes were committed under another name (it gets no partition and no run)."""
+    notes = []
+    for decision in decisions:
+        if decision.reason != "committed":
+            continue
+        entry = entries.get(file_key_from_digest(decision.sha256))
+        committed = [f.get("file") for f in ((entry.result or {}).get("files") or []) if entry is not None]
+        path = str((directory / decision.relative).resolve())
+        if committed and path not in committed:
+            names = []
+            for other in committed:
+                try:
+                    names.append(Path(other).relative_to(directory.resolve()).as_posix())
+                except ValueError:
+                    names.append(str(other))
+            notes.append(f"{decision.relative}: same content as committed {', '.join(names)}")
+    return notes
+
+
 def _load_cursor(cursor: str | None) -> dict[str, list[Any]]:
     if not cursor:
         return {}
@@ -85,6 +106,10 @@ def build_filedrop_sensor(
         ),
     )
     def filedrop_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource) -> dg.SensorResult:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)  # a new connector's drop directory exists from its first tick
+        except OSError as exc:
+            return dg.SensorResult(skip_reason=f"drop directory {directory} is missing and cannot be created: {exc}")
         previous = _load_cursor(context.cursor)
         seen = look(directory)
         files: dict[str, list[Any]] = {}
@@ -142,7 +167,8 @@ def build_filedrop_sensor(
         waiting = len(seen) - len(ready)
         skip_reason = None
         if not requests:
-            held = [f"{d.relative}: {d.reason}" for d in decisions if d.reason not in ("committed",)]
+            held = [f"{d.relative}: {d.reason}" for d in decisions if d.reason != "committed"]
+            held += _copies_of_committed(directory, decisions, entries)
             skip_reason = (
                 f"{len(seen)} file(s): {len(ready)} settled, {waiting} waiting to settle"
                 + (f"; {'; '.join(held[:5])}" if held else "")
