@@ -163,10 +163,10 @@ def _run_job(
     )
     if not result.success:
         raise CommandError(_failure_message(result))
+    from idem_platform.defs.summary import summary_from_metadata
+
     for materialization in result.asset_materializations_for_node(committed_key.to_python_identifier()):
-        summary = materialization.metadata.get("summary")
-        if summary is not None:
-            return dict(summary.value)  # type: ignore[arg-type]
+        return summary_from_metadata(materialization.metadata)
     raise CommandError("the run succeeded but recorded no commit summary")
 
 

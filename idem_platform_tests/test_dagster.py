@@ -80,6 +80,13 @@ def test_job_commits_a_partition_and_reports_it(
     metadata = committed_metadata(result)
     assert (metadata["rows_written"], metadata["rows_skipped"], metadata["rows_rejected"]) == (3, 0, 1)
     assert metadata["replayed"] is False and metadata["schema_versions"] == {"indicator": 1, "malware": 1, "threat-actor": 1}
+    # Numbers people read: flat counts per table, a markdown table, a rounded ratio, the rejects.
+    assert "summary" not in metadata and metadata["reject_ratio"] == 0.25
+    assert (metadata["written/indicator"], metadata["written/malware"], metadata["skipped/threat-actor"]) == (1, 1, 0)
+    assert "| `idem.malware` | 1 | 0 | — |" in metadata["tables"]
+    (reject,) = metadata["rejects"].records
+    assert reject.data["rule"] == "json" and reject.data["position"].endswith("#L4")
+    assert metadata["files"][0]["file"] == str(path) and metadata["dagster/row_count"] == 3
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"pandera_contract": True, "commit_consistency": True, "reject_ratio": False}
     (ingest,) = result.asset_materializations_for_node("threatfeed__ingest")

@@ -23,14 +23,13 @@ import dagster as dg
 from pydantic import Field
 
 from idem_platform.commit.run import CommitRequest, commit_batch
-from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.summary import REJECT_SAMPLE, summary_from_metadata, summary_metadata
 from idem_platform.pipeline import CoercedBatch, check_cluster_reach
+from idem_platform.postgres.schema import SCHEMA
 
 REPLAY_TAG = "idem/replay"
 LATEST = "latest"  # the plans directory that keeps each asset partition's latest plan
-# What a summary may say about a source besides its files (Kafka ranges, the group mirror, notes).
-SOURCE_DETAILS = ("offsets", "consumer_group", "already_committed", "nothing_to_ingest", "notes")
 
 
 class SparkPlanIOManager(dg.ConfigurableIOManager):
@@ -106,26 +105,18 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
             summary["rows_rejected"],
             " (replay)" if summary.get("replayed") else "",
         )
-        context.add_output_metadata(
-            to_metadata(
-                {
-                    "commit_id": summary["commit_id"],
-                    "rows_written": summary["rows_written"],
-                    "rows_skipped": summary["rows_skipped"],
-                    "rows_rejected": summary["rows_rejected"],
-                    "replayed": bool(summary.get("replayed")),
-                    "seconds": float(summary.get("seconds", 0.0)),
-                    "schema_versions": summary.get("schema_versions", {}),
-                    "tables": summary.get("tables", {}),
-                    "files": [f["file"] for f in summary.get("files", [])],
-                    **{key: summary[key] for key in SOURCE_DETAILS if summary.get(key)},
-                    "prior": summary.get("prior"),
-                    "summary": summary,
-                    # The rows this partition's records are in: a replay's are the prior commit's.
-                    "dagster/row_count": int(summary["rows_written"] or (summary.get("prior") or {}).get("rows_written", 0)),
-                }
-            )
-        )
+        context.add_output_metadata(summary_metadata(summary, rejects=self._rejects(summary.get("commit_id"))))
+
+    def _rejects(self, commit_id: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
+        """The commit's first rejects (position and reasons), for the materialization's sample."""
+        if not commit_id:
+            return []
+        with self.postgres.connection() as conn:
+            rows = conn.execute(
+                f"SELECT position, reasons FROM {SCHEMA}.rejects WHERE commit_id = %s ORDER BY reject_id LIMIT %s",
+                [commit_id, REJECT_SAMPLE],
+            ).fetchall()
+        return [(position, list(reasons)) for position, reasons in rows]
 
     def load_input(self, context: dg.InputContext) -> dict[str, Any]:
         """The commit summary of the upstream partition (rows are in ``idem.<record_type>``)."""
@@ -142,5 +133,4 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
             raise dg.DagsterInvariantViolationError(
                 f"{context.asset_key.to_user_string()} has no committed materialization"
             )
-        summary = records[0].asset_materialization.metadata.get("summary")
-        return dict(summary.value) if summary is not None else {}  # type: ignore[arg-type]
+        return summary_from_metadata(records[0].asset_materialization.metadata)

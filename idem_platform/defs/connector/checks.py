@@ -11,6 +11,12 @@ from idem_platform.catalog import TableSpec
 from idem_platform.config import ConnectorConfig
 from idem_platform.connectors.sample import coerced_sample
 from idem_platform.defs.resources import PostgresResource
+from idem_platform.defs.summary import (
+    REJECT_SAMPLE,
+    reject_ratio,
+    reject_sample,
+    summary_from_metadata,
+)
 from idem_platform.pipeline import CoercedBatch
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import table_ident
@@ -142,17 +148,21 @@ def build_checks(connector: ConnectorConfig, coerced_key: dg.AssetKey, committed
             f"(the batch fails outright above max_reject_ratio={connector.max_reject_ratio})."
         ),
     )
-    def reject_ratio(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    def reject_ratio_check(context: dg.AssetCheckExecutionContext, postgres: PostgresResource) -> dg.AssetCheckResult:
         summary = _latest_summary(context, committed_key) or {}
-        total = sum(int(summary.get(k, 0)) for k in ("rows_written", "rows_skipped", "rows_rejected"))
-        ratio = (int(summary.get("rows_rejected", 0)) / total) if total else 0.0
-        return dg.AssetCheckResult(
-            passed=ratio <= 0.01,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={"reject_ratio": dg.MetadataValue.float(ratio), "records": dg.MetadataValue.int(total)},
-        )
+        total = sum(int(summary.get(k) or 0) for k in ("rows_written", "rows_skipped", "rows_rejected"))
+        ratio = reject_ratio(summary)
+        metadata: dict[str, Any] = {"reject_ratio": dg.MetadataValue.float(ratio), "records": dg.MetadataValue.int(total)}
+        if summary.get("commit_id") and summary.get("rows_rejected"):
+            with postgres.connection() as conn:
+                rows = conn.execute(
+                    f"SELECT position, reasons FROM {SCHEMA}.rejects WHERE commit_id = %s ORDER BY reject_id LIMIT %s",
+                    [summary["commit_id"], REJECT_SAMPLE],
+                ).fetchall()
+            metadata["rejects"] = reject_sample([(position, list(reasons)) for position, reasons in rows])
+        return dg.AssetCheckResult(passed=ratio <= 0.01, severity=dg.AssetCheckSeverity.WARN, metadata=metadata)
 
-    return [pandera_contract, commit_consistency, reject_ratio]
+    return [pandera_contract, commit_consistency, reject_ratio_check]
 
 
 def _latest_summary(context: dg.AssetCheckExecutionContext, key: dg.AssetKey) -> dict[str, Any] | None:
@@ -162,5 +172,4 @@ def _latest_summary(context: dg.AssetCheckExecutionContext, key: dg.AssetKey) ->
     ).records
     if not records or records[0].asset_materialization is None:
         return None
-    value = records[0].asset_materialization.metadata.get("summary")
-    return dict(value.value) if value is not None else None  # type: ignore[arg-type]
+    return summary_from_metadata(records[0].asset_materialization.metadata)

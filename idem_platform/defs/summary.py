@@ -1,0 +1,114 @@
+"""A commit's summary as Dagster metadata people read, and back.
+
+The ``committed`` materialization carries flat numbers (rows written, skipped
+and rejected, per table too, a rounded reject ratio), a markdown table per
+record type, the commit id, the files or offset ranges, and a sample of the
+rejects with their reasons; no raw blob repeating all of it. The same entries
+are enough to rebuild the summary for machines (the CLI's JSON line, the checks,
+``load_input``): :func:`summary_from_metadata` is the inverse of
+:func:`summary_metadata` for every key they need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import dagster as dg
+
+# Kept as JSON entries: lists and small maps a machine rebuilds the summary from.
+JSON_KEYS = ("files", "offsets", "schema_versions", "prior", "timings", "consumer_group", "notes")
+FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds")
+TEXT_KEYS = ("already_committed",)
+PER_TABLE = ("written", "skipped")
+REJECT_SAMPLE = 20
+REJECT_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("position", "string", description="where the record was: <file>#L<line>, <topic>-<partition>@<offset>"),
+        dg.TableColumn("field", "string"),
+        dg.TableColumn("rule", "string"),
+        dg.TableColumn("message", "string"),
+    ]
+)
+
+
+def _table_markdown(tables: Mapping[str, Mapping[str, Any]]) -> str:
+    lines = ["| table | written | skipped | new columns |", "|---|---:|---:|---|"]
+    for record_type, counts in sorted(tables.items()):
+        new = ", ".join(counts.get("new_columns") or []) or "—"
+        lines.append(f"| `idem.{record_type}` | {counts.get('written', 0):,} | {counts.get('skipped', 0):,} | {new} |")
+    return "\n".join(lines)
+
+
+def reject_ratio(summary: Mapping[str, Any]) -> float:
+    """Rejected records over all records of the commit, rounded to 4 places."""
+    total = sum(int(summary.get(k) or 0) for k in ("rows_written", "rows_skipped", "rows_rejected"))
+    return round(int(summary.get("rows_rejected") or 0) / total, 4) if total else 0.0
+
+
+def reject_sample(rejects: list[tuple[str, list[dict[str, Any]]]]) -> dg.MetadataValue:
+    """The first rejects (position, field, rule, message), one row per reason."""
+    records = [
+        dg.TableRecord({"position": position, "field": reason.get("field") or "", "rule": reason.get("rule") or "",
+                        "message": str(reason.get("message") or "")[:300]})
+        for position, reasons in rejects
+        for reason in reasons
+    ][:REJECT_SAMPLE]
+    return dg.MetadataValue.table(records, schema=REJECT_SCHEMA)
+
+
+def summary_metadata(
+    summary: Mapping[str, Any], *, rejects: list[tuple[str, list[dict[str, Any]]]] | None = None
+) -> dict[str, Any]:
+    """The metadata of a ``committed`` materialization."""
+    metadata: dict[str, Any] = {}
+    commit_id = summary.get("commit_id")
+    metadata["commit_id"] = dg.MetadataValue.text(str(commit_id)) if commit_id else dg.MetadataValue.null()
+    for key in ("rows_written", "rows_skipped", "rows_rejected"):
+        metadata[key] = dg.MetadataValue.int(int(summary.get(key) or 0))
+    metadata["replayed"] = dg.MetadataValue.bool(bool(summary.get("replayed")))
+    metadata["seconds"] = dg.MetadataValue.float(round(float(summary.get("seconds") or 0.0), 2))
+    metadata["reject_ratio"] = dg.MetadataValue.float(reject_ratio(summary))
+    tables = summary.get("tables") or {}
+    if tables:
+        metadata["tables"] = dg.MetadataValue.md(_table_markdown(tables))
+    for record_type, counts in sorted(tables.items()):
+        for key in PER_TABLE:
+            metadata[f"{key}/{record_type}"] = dg.MetadataValue.int(int(counts.get(key) or 0))
+        if counts.get("new_columns"):
+            metadata[f"new_columns/{record_type}"] = dg.MetadataValue.text(", ".join(counts["new_columns"]))
+        if counts.get("to_props"):
+            metadata[f"to_props/{record_type}"] = dg.MetadataValue.text(", ".join(counts["to_props"]))
+    for key in JSON_KEYS:
+        if summary.get(key):
+            metadata[key] = dg.MetadataValue.json(summary[key])
+    for key in TEXT_KEYS:
+        if summary.get(key):
+            metadata[key] = dg.MetadataValue.text(str(summary[key]))
+    if summary.get("nothing_to_ingest"):
+        metadata["nothing_to_ingest"] = dg.MetadataValue.bool(True)
+    if rejects:
+        metadata["rejects"] = reject_sample(rejects)
+    # The rows this partition's records are in: a replay's are the prior commit's.
+    prior = summary.get("prior") or {}
+    metadata["dagster/row_count"] = dg.MetadataValue.int(int(summary.get("rows_written") or prior.get("rows_written") or 0))
+    return metadata
+
+
+def summary_from_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The commit's summary rebuilt from a ``committed`` materialization's metadata."""
+    values = {key: getattr(value, "value", value) for key, value in metadata.items()}
+    summary: dict[str, Any] = {key: values.get(key) for key in FLAT_KEYS}
+    summary["files"] = values.get("files") or []
+    tables: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        kind, _, record_type = key.partition("/")
+        if record_type and kind in (*PER_TABLE, "new_columns", "to_props"):
+            entry = tables.setdefault(record_type, {"written": 0, "skipped": 0, "new_columns": [], "to_props": []})
+            entry[kind] = value if kind in PER_TABLE else [v for v in str(value).split(", ") if v]
+    if tables:
+        summary["tables"] = tables
+    for key in (*JSON_KEYS[1:], *TEXT_KEYS, "nothing_to_ingest"):
+        if values.get(key) is not None:
+            summary[key] = values[key]
+    return summary
