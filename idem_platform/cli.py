@@ -1,4 +1,5 @@
-"""``idem``: the command line. Every command prints one JSON line on success, one error line otherwise.
+"""``idem``: the command line. On a terminal a short summary for people; piped (or with
+``--json``) one JSON line on success; one error line otherwise.
 
 ``idem ingest`` runs the very same Dagster job the sensor launches, in process,
 against the same instance (``$DAGSTER_HOME``, default ``.idem/dagster`` on the
@@ -436,9 +437,11 @@ def parser() -> argparse.ArgumentParser:
     ingest.add_argument("--connector", required=True)
     ingest.add_argument("--replay", action="store_true", help="tag the run as a replay (skips count as replay_skip)")
     ingest.add_argument("files", nargs="*", help="a file-drop connector's files (none for a Kafka connector)")
+    ingest.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
     ingest.set_defaults(func=cmd_ingest)
     demo = add("demo", "write sample drops and ingest them (then replay one)")
     demo.add_argument("--records", type=int, default=5000)
+    demo.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
     demo.set_defaults(func=cmd_demo)
     read = add("read", "print a record type's rows as NDJSON")
     read.add_argument("record_type")
@@ -469,6 +472,37 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def human_summary(summary: dict[str, Any]) -> str:
+    """A commit's summary for a person at a terminal: what was written where, in how long."""
+    if summary.get("runs"):  # the demo: each of its runs
+        return "\n\n".join(f"run {i}: {human_summary(run)}" for i, run in enumerate(summary["runs"], 1))
+    seconds = float(summary.get("seconds") or 0)
+    if summary.get("nothing_to_ingest"):
+        return f"nothing to ingest: every partition is committed up to its end ({seconds:.1f} s)"
+    if summary.get("already_committed") and not summary.get("commit_id"):
+        return f"nothing committed: {summary['already_committed']} ({seconds:.1f} s)"
+    if summary.get("replayed"):
+        prior = summary.get("prior") or {}
+        return (
+            f"replay: already committed by {prior.get('commit_id') or prior.get('commit_ids')}; nothing written, "
+            f"{summary.get('rows_skipped', 0):,} records skipped ({seconds:.1f} s)"
+        )
+    rows = [("table", "written", "skipped")]
+    for record_type, counts in sorted((summary.get("tables") or {}).items()):
+        rows.append((f"idem.{record_type}", f"{counts.get('written', 0):,}", f"{counts.get('skipped', 0):,}"))
+    rows.append(("total", f"{summary.get('rows_written', 0):,}", f"{summary.get('rows_skipped', 0):,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    table = [f"  {r[0].ljust(widths[0])}  {r[1].rjust(widths[1])}  {r[2].rjust(widths[2])}" for r in rows]
+    lines = [f"committed {summary.get('commit_id')} in {seconds:.1f} s", *table]
+    if summary.get("rows_rejected"):
+        lines.append(f"  {summary['rows_rejected']:,} records rejected: idem rejects --commit {summary.get('commit_id')}")
+    for file in summary.get("files") or []:
+        lines.append(f"  file {file.get('file')} ({file.get('lines', 0):,} lines)")
+    for offsets in summary.get("offsets") or []:
+        lines.append(f"  {offsets['topic']}-{offsets['partition']} offsets [{offsets['from']}, {offsets['to']})")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -479,7 +513,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     if output is not None:
-        sys.stdout.write(json.dumps(output, ensure_ascii=False, default=str) + "\n")
+        human = not getattr(args, "json", True) and sys.stdout.isatty() and "rows_written" in output
+        text = human_summary(output) if human else json.dumps(output, ensure_ascii=False, default=str)
+        sys.stdout.write(text + "\n")
         if "exit_code" in output:
             return int(output["exit_code"])
     return 0

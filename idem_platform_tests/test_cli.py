@@ -92,3 +92,20 @@ def test_bad_config_is_reported_with_its_line(env: IdemConfig, tmp_path: Path, c
 def test_ledger_purge(env: IdemConfig, capsys: pytest.CaptureFixture[str]) -> None:
     code, lines, _ = run(capsys, "ledger", "purge")
     assert code == 0 and json.loads(lines[0]) == {"purged": 0, "staging_dropped": 0}
+
+
+def test_a_terminal_gets_a_summary_for_people() -> None:
+    from idem_platform.cli import human_summary
+
+    summary = {
+        "commit_id": "c-1", "rows_written": 900_473, "rows_skipped": 99_527, "rows_rejected": 12, "replayed": False,
+        "seconds": 21.86, "files": [{"file": "/d/feed.ndjson", "lines": 1_000_012}],
+        "tables": {"malware": {"written": 300_000, "skipped": 1}, "indicator": {"written": 600_473, "skipped": 99_526}},
+    }
+    text = human_summary(summary)
+    assert text.splitlines()[0] == "committed c-1 in 21.9 s"
+    assert "  idem.indicator  600,473   99,526" in text and "  total           900,473   99,527" in text
+    assert "12 records rejected: idem rejects --commit c-1" in text and "file /d/feed.ndjson (1,000,012 lines)" in text
+    replay = human_summary({"replayed": True, "rows_skipped": 5, "prior": {"commit_id": "c-0"}, "seconds": 2.2})
+    assert replay == "replay: already committed by c-0; nothing written, 5 records skipped (2.2 s)"
+    assert human_summary({"nothing_to_ingest": True, "seconds": 1}).startswith("nothing to ingest")

@@ -70,3 +70,24 @@ def test_a_huge_file_is_hashed_and_read_in_bounded_memory(tmp_path: Path) -> Non
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert file.lines == 1 and rows == [(1, size - 1)]
     assert grown_mib < 128, f"peak memory grew by {grown_mib:.0f} MiB"
+
+
+def test_partition_keys_are_relative_names_and_never_leave_the_drop_directory(tmp_path: Path) -> None:
+    from idem_platform.config import parse_config
+    from idem_platform.defs.filedrop.partitions import partition_key_for, path_for_partition
+    from idem_platform.errors import ConfigError
+
+    text = "connectors:\n  - {name: feed, kind: filedrop, path: drop, record_type: t}\ntables:\n  t: {columns: {a: string}}\n"
+    config_path = tmp_path / "idem.yaml"
+    config_path.write_text(text)
+    connector = parse_config(text, config_path).connector("feed")
+    inside = tmp_path / "drop" / "day" / "f.ndjson"
+    assert partition_key_for(connector, inside) == "day/f.ndjson"
+    assert path_for_partition(connector, "day/f.ndjson") == inside
+    outside_a = partition_key_for(connector, tmp_path / "a" / "f.ndjson")
+    outside_b = partition_key_for(connector, tmp_path / "b" / "f.ndjson")
+    assert outside_a.startswith("external/") and outside_a.endswith("/f.ndjson") and outside_a != outside_b
+    assert str(tmp_path) not in outside_a  # no machine path in a partition key
+    for bad in ("/etc/passwd", "../secret.ndjson", "day/../../x", outside_a):
+        with pytest.raises(ConfigError):
+            path_for_partition(connector, bad)

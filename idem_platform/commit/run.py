@@ -64,6 +64,7 @@ class CommitRequest:
     replay: bool = False
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW
     lock_wait_seconds: float = 600.0
+    progress: Callable[[str], None] | None = None  # told as each slice is staged and promoted
 
 
 def as_idem_error(exc: BaseException) -> errors.IdemError:
@@ -246,6 +247,14 @@ def _plan(request: CommitRequest, batch: SourceBatch, commit_id: str, tables: di
     )
 
 
+def _progress_line(plan: CommitPlan, promotion: Promotion, done: int, seconds: float) -> str:
+    staged = sum(promotion.staged.values())
+    return (
+        f"slice {done}/{len(plan.slices)} staged and promoted: {staged:,} records so far "
+        f"({sum(promotion.written.values()):,} new), {seconds:.1f} s"
+    )
+
+
 def _refresh(url: str, batch: SourceBatch) -> SourceBatch:
     """The batch after the ledger's latest word: units committed meanwhile become replays."""
     entries = read_ledger(url, batch.connector, sorted({u.key for u in batch.pending}))
@@ -304,8 +313,10 @@ def commit_batch(
                 Promotion(conn, plan) as promotion,
                 StagingJobs(session, request.url, plan) as jobs,
             ):
-                for message in jobs.in_order():
+                for done, message in enumerate(jobs.in_order(), 1):
                     promotion.add(message)
+                    if request.progress is not None:
+                        request.progress(_progress_line(plan, promotion, done, time.monotonic() - stage_started))
                 staged_seconds = time.monotonic() - stage_started
                 result = promotion.finish()
             task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]

@@ -90,6 +90,7 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
             connector=obj.connector,
             run_id=context.run_id,
             replay=tags.get(REPLAY_TAG, "").lower() == "true",
+            progress=context.log.info,
         )
 
         def spark() -> Any:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import dagster as dg
 
 from idem_platform.config import ConnectorConfig
+from idem_platform.errors import ConfigError
 
 # Dagster refuses these substrings in partition keys.
 _FORBIDDEN = ("...", "\a", "\b", "\f", "\n", "\r", "\t", "\v", "\0")
@@ -20,23 +22,40 @@ def partitions_for(connector: ConnectorConfig) -> dg.DynamicPartitionsDefinition
 def partition_key_for(connector: ConnectorConfig, path: str | Path) -> str:
     """A file's partition key: its posix path relative to the drop directory.
 
-    Files outside the drop directory (``idem ingest`` of any path) keep their
-    absolute path. Substrings Dagster refuses are replaced; the run config
-    always carries the real path, so the key is only a label.
+    A file outside the drop directory (``idem ingest`` of any path) is
+    ``external/<sha1 of its directory, 8 hex>/<name>``: a relative name that
+    says where it came from without printing machine paths, and two files of one
+    name in two directories stay apart. Substrings Dagster refuses are replaced;
+    the run config always carries the real path, so the key is only a label.
     """
     resolved = Path(path).resolve()
-    assert connector.path is not None
+    if connector.path is None:
+        raise ValueError(f"connector {connector.name!r} has no drop directory")
     try:
         key = resolved.relative_to(connector.path.resolve()).as_posix()
     except ValueError:
-        key = resolved.as_posix()
+        folder = hashlib.sha1(resolved.parent.as_posix().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+        key = f"external/{folder}/{resolved.name}"
     for bad in _FORBIDDEN:
         key = key.replace(bad, "_")
     return key
 
 
 def path_for_partition(connector: ConnectorConfig, partition_key: str) -> Path:
-    """The file a partition key names inside the drop directory (UI-launched runs)."""
-    assert connector.path is not None
+    """The file a partition key names inside the drop directory (UI-launched runs).
+
+    Raises:
+        ConfigError: the key is absolute, climbs out with ``..``, or names a file that
+            was ingested from outside the drop directory (its run config names it).
+    """
+    if connector.path is None:
+        raise ValueError(f"connector {connector.name!r} has no drop directory")
     candidate = Path(partition_key)
-    return candidate if candidate.is_absolute() else connector.path / candidate
+    if candidate.is_absolute() or ".." in candidate.parts:
+        raise ConfigError(f"partition {partition_key!r} is not a path inside the drop directory {connector.path}")
+    if candidate.parts[:1] == ("external",):
+        raise ConfigError(
+            f"partition {partition_key!r} is a file ingested from outside the drop directory: "
+            "launch it with the ingest asset's config `files: [<its path>]`"
+        )
+    return connector.path / candidate
