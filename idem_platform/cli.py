@@ -228,7 +228,7 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
         "files": [str(first), str(second)],
         "seconds": round(time.monotonic() - started, 3),
         "runs": [public_summary(r, float(r.get("seconds", 0))) for r in runs],
-        "postgres": os.environ[POSTGRES_URL_ENV],
+        "postgres": masked(os.environ[POSTGRES_URL_ENV]),
     }
 
 
@@ -377,23 +377,40 @@ def cmd_offsets(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def cmd_dev(args: argparse.Namespace) -> dict[str, Any] | None:
     url = prepare_environment()
-    if args.config:
-        os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
-    load_config(args.config)  # fail here, with a clear line, rather than in the UI
+    config = load_config(args.config)  # fail here, with a clear line, rather than in the UI
+    if config.source is not None:
+        os.environ[CONFIG_ENV] = str(config.source)  # absolute: dagster dev runs from DAGSTER_HOME
     dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
     workspace = Path(args.workspace).resolve()
     command = [dagster, "dev", "-w", str(workspace), "--host", args.host, "--port", str(args.port)]
-    sys.stderr.write(json.dumps({"dagster_home": os.environ["DAGSTER_HOME"], "postgres": url, "command": command}) + "\n")
-    return {"exit_code": run_until_signalled(command)}
+    sys.stderr.write(json.dumps({"dagster_home": os.environ["DAGSTER_HOME"], "postgres": masked(url), "command": command}) + "\n")
+    # From DAGSTER_HOME, the dagster.yaml of the working directory is the one in use (no
+    # warning that a checkout's copy is ignored); `dagster dev` still works, so its notice
+    # that `dg dev` supersedes it is noise here.
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning"}
+    return {"exit_code": run_until_signalled(command, cwd=os.environ["DAGSTER_HOME"], env=env)}
 
 
-def run_until_signalled(command: list[str], grace_seconds: float = 10.0) -> int:
+def masked(url: str) -> str:
+    """A PostgreSQL URL fit for logs: its password replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def run_until_signalled(
+    command: list[str], grace_seconds: float = 10.0, *, cwd: str | None = None, env: dict[str, str] | None = None
+) -> int:
     """Run ``command`` in its own process group; on SIGINT or SIGTERM, pass the signal to the
     whole group (dagster dev, its webserver, daemon, code server and run workers) and kill
     whatever of the group is still there ``grace_seconds`` later."""
     import signal
 
-    process = subprocess.Popen(command, start_new_session=True)
+    process = subprocess.Popen(command, start_new_session=True, cwd=cwd, env=env)
     received: list[tuple[int, float]] = []  # (signal, when)
 
     def forward(signum: int, _frame: object) -> None:

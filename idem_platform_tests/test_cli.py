@@ -109,3 +109,10 @@ def test_a_terminal_gets_a_summary_for_people() -> None:
     replay = human_summary({"replayed": True, "rows_skipped": 5, "prior": {"commit_id": "c-0"}, "seconds": 2.2})
     assert replay == "replay: already committed by c-0; nothing written, 5 records skipped (2.2 s)"
     assert human_summary({"nothing_to_ingest": True, "seconds": 1}).startswith("nothing to ingest")
+
+
+def test_urls_are_shown_without_their_password() -> None:
+    from idem_platform.cli import masked
+
+    assert masked("postgresql://idem:s3cret@db:5432/idem?sslmode=require") == "postgresql://idem:***@db:5432/idem?sslmode=require"
+    assert masked("postgresql://postgres@127.0.0.1:5432/postgres") == "postgresql://postgres@127.0.0.1:5432/postgres"
