@@ -226,3 +226,40 @@ def test_the_lazy_frames_show_exactly_what_was_committed(
     }
     assert {r["_idempotency_key"] for r in coerced if r["_idempotency_key"]} == stored
 
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n"], ids=["0 bytes", "blank lines"])
+def test_an_empty_file_commits_nothing_and_is_recorded(
+    pg_url: str, threatfeed: IdemConfig, spark: Any, content: bytes
+) -> None:
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    connector.path.mkdir(parents=True, exist_ok=True)
+    path = connector.path / "empty.ndjson"
+    path.write_bytes(content)
+    # A 0-byte file has no split to read: no Spark at all.
+    summary = ingest(pg_url, threatfeed, spark, path, use_spark=bool(content))
+    assert (summary["rows_written"], summary["rows_skipped"], summary["rows_rejected"]) == (0, 0, 0)
+    assert summary["commit_id"] and summary["replayed"] is False
+    assert rows(pg_url, "SELECT status FROM idem.ingest_ledger") == [("committed",)]
+    again = ingest(pg_url, threatfeed, spark, path, use_spark=False)
+    assert again["replayed"] is True
+
+
+def test_a_lone_surrogate_is_a_reject_wherever_it_stands(pg_url: str, threatfeed: IdemConfig, spark: Any) -> None:
+    """JSON allows "\\ud800"; Unicode text does not. Such a record is a reject, at line 1 as at line
+    5,000, and the file's other records commit."""
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    good = list(threatfeed_lines(5_000, seed=44, duplicate_ratio=0.0))
+    hostile = [
+        '{"type":"malware","id":"s-value","name":"bad \\ud800 name"}',
+        '{"type":"malware","id":"s-\\udfff","name":"bad id"}',
+        '{"type":"indicator","id":"s-key","name":"x","tags":{"\\ud800":1}}',
+    ]
+    path = write_lines(connector.path / "surrogates.ndjson", [hostile[0], *good[:4_997], *hostile[1:], good[4_997]])
+    summary = ingest(pg_url, threatfeed, spark, path)
+    assert (summary["rows_written"], summary["rows_rejected"]) == (4_998, 3)
+    rejected = rows(pg_url, "SELECT line, reasons FROM idem.rejects ORDER BY line")
+    assert [line for line, _ in rejected] == [1, 4_999, 5_000]
+    assert all(r[0]["rule"] == "surrogate" and "lone surrogate" in r[0]["message"] for _, r in rejected)

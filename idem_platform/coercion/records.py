@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -41,6 +42,8 @@ LINE_MASK = (1 << LINE_BITS) - 1
 RAW_CAP = 4096
 _BOM = b"\xef\xbb\xbf"
 _NUL_ESCAPE = b"\\u0000"
+_SURROGATE_ESCAPE = b"\\ud"  # canonical JSON escapes surrogates (pairs, and lone ones) as \udxxx
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 SYSTEM_FIELDS = [
     pa.field("_pos", pa.int64()),
@@ -312,6 +315,12 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
                 raise _line_error(
                     "nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store"
                 )
+            if _SURROGATE_ESCAPE in canonical and (lone := _lone_surrogate(record)) is not None:
+                raise _line_error(
+                    "surrogate",
+                    f"record contains a lone surrogate (\\u{ord(lone):04x}): not Unicode text, which "
+                    "PostgreSQL cannot store",
+                )
             if fixed_type is not None:
                 record_type = fixed_type
             else:
@@ -508,6 +517,25 @@ def _ext_id(record: dict[str, Any], id_field: str, missing_id: str, source: str,
     raise _line_error(
         "id", f"field '{id_field}' is missing or null and missing_id is 'reject'", id_field
     )
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate in any key or string of a parsed value (JSON allows
+    ``"\\ud800"``; Unicode text, UTF-8 and PostgreSQL do not)."""
+    if isinstance(value, str):
+        found = _LONE_SURROGATE.search(value)
+        return found.group() if found else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found_in = _lone_surrogate(key) or _lone_surrogate(item)
+            if found_in is not None:
+                return found_in
+    elif isinstance(value, list):
+        for item in value:
+            found_in = _lone_surrogate(item)
+            if found_in is not None:
+                return found_in
+    return None
 
 
 def _has_nul(value: Any) -> bool:

@@ -299,7 +299,7 @@ def commit_batch(
         if batch.fully_replayed:
             return replay_batch(request, batch, started=started)
         keys = sorted({u.key for u in batch.pending})
-        session = spark()
+        session = spark() if batch.slices else None  # empty files: nothing to read, no Spark
         plan = _plan(request, batch, str(uuid.uuid4()), coerced.tables)
         with connect(request.url) as conn:
             with conn.transaction():

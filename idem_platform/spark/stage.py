@@ -37,6 +37,7 @@ from idem_platform.coercion.records import RepeatedLines, coerce_batch
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.commit.promote import StagedAttempt
 from idem_platform.commit.staging import StagingWriter, new_attempt_id
+from idem_platform.errors import TransientError
 from idem_platform.faults import checkpoint
 
 if TYPE_CHECKING:
@@ -98,14 +99,15 @@ class StagingJobs:
     accepted message as soon as it and every earlier slice is staged.
     """
 
-    def __init__(self, spark: SparkSession, url: str, plan: CommitPlan) -> None:
+    def __init__(self, spark: SparkSession | None, url: str, plan: CommitPlan) -> None:
         self.spark = spark
         self.url = url
         self.plan = plan
         self.group = f"idem-stage-{plan.commit_id}"
         self.task_seconds: dict[int, float] = {}
         self.attempt_numbers: dict[int, int] = {}
-        slots = max(1, int(spark.sparkContext.defaultParallelism))
+        # A batch with nothing to read (empty files) stages nothing and needs no session.
+        slots = max(1, int(spark.sparkContext.defaultParallelism)) if spark is not None else 1
         self.pool = ThreadPoolExecutor(max_workers=min(slots, max(1, len(plan.slices))), thread_name_prefix="idem-stage")
         self.futures: list[Future[StagedAttempt]] = []
 
@@ -117,10 +119,13 @@ class StagingJobs:
         if exc[0] is not None:
             for future in self.futures:
                 future.cancel()
-            self.spark.sparkContext.cancelJobGroup(self.group)
+            if self.spark is not None:
+                self.spark.sparkContext.cancelJobGroup(self.group)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self, index: int) -> StagedAttempt:
+        if self.spark is None:
+            raise TransientError(f"slice {index} of commit {self.plan.commit_id} has records but no Spark session")
         context = self.spark.sparkContext
         context.setJobGroup(self.group, f"idem: stage slice {index} of commit {self.plan.commit_id}", True)
         url, plan = self.url, self.plan
