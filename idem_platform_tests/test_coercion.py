@@ -235,3 +235,20 @@ def test_a_task_past_its_key_memory_no_longer_vouches_for_distinct_keys() -> Non
 
 def run_with(lines: list[bytes], repeats: Any, first_line: int = 1) -> list[dict[str, Any]]:
     return coerce_batch(lines_batch(lines, first_line), SPEC, repeats).to_pylist()
+
+
+@pytest.mark.parametrize("missing_id", ["position", "content", "reject"])
+def test_an_empty_string_id_counts_as_missing(missing_id: str) -> None:
+    """``"id": ""`` names nothing: the connector's missing_id policy decides, as for a null id,
+    so a row never gets a key with an empty ext_id (which the data contract refuses)."""
+    from dataclasses import replace
+
+    spec = replace(SPEC, missing_id=missing_id)
+    (empty, null) = run([b'{"type":"other","id":"","name":"a"}', b'{"type":"other","id":null,"name":"a"}'], spec)
+    if missing_id == "reject":
+        assert reasons(empty)[0]["message"] == "field 'id' is missing, null or empty and missing_id is 'reject'"
+        return
+    assert empty["_errors"] is None and empty["_external_id"] not in ("", None)
+    ext = empty["_idempotency_key"].split(":")[2]
+    assert ext == ("abababababababab#L1" if missing_id == "position" else empty["_content_hash"])
+    assert null["_external_id"] == ("abababababababab#L2" if missing_id == "position" else null["_content_hash"])

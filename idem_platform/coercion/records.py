@@ -329,7 +329,7 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
                     record_type = _route(record, type_field, tables)  # raises the precise reject
             digest = sha1(canonical).hexdigest()
             ext_id = record.get(id_field)
-            if type(ext_id) is not str:  # numbers, missing ids, objects: the slow, exact rules
+            if type(ext_id) is not str or not ext_id:  # numbers, missing or empty ids, objects: the exact rules
                 source = f"{prefixes[units_np[i]]}{offsets_np[i]}"
                 ext_id = _ext_id(record, id_field, spec.missing_id, source, digest)
         except _Reject as reject:
@@ -356,7 +356,7 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
                     repeats.count(known)  # type: ignore[arg-type]
                 continue
             seen_keys[key] = row
-            if positional_ids and record.get(id_field) is None:
+            if positional_ids and record.get(id_field) in (None, ""):
                 fresh.append((None, key, row))
             else:
                 seen_lines[raw] = row
@@ -508,14 +508,14 @@ def _ext_id(record: dict[str, Any], id_field: str, missing_id: str, source: str,
         ext_id = ext_id_text(record.get(id_field))
     except TypeError as exc:
         raise _line_error("id", f"field '{id_field}' {exc}", id_field) from None
-    if ext_id is not None:
+    if ext_id:  # an empty string names nothing: it counts as missing, like null
         return ext_id
     if missing_id == "position":
         return source
     if missing_id == "content":
         return digest
     raise _line_error(
-        "id", f"field '{id_field}' is missing or null and missing_id is 'reject'", id_field
+        "id", f"field '{id_field}' is missing, null or empty and missing_id is 'reject'", id_field
     )
 
 
