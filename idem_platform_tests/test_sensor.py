@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,6 +102,23 @@ def test_the_drop_directory_is_created_by_the_first_tick(ticker: SensorTicker, t
     directory = threatfeed.connector("threatfeed").path
     assert directory is not None and not directory.exists()
     assert "0 file(s)" in skip_message(ticker.tick()) and directory.is_dir()
+
+
+def test_fifos_and_symlinks_out_of_the_drop_directory_are_refused_quickly(
+    ticker: SensorTicker, threatfeed: IdemConfig, tmp_path: Path
+) -> None:
+    directory = drop_dir(threatfeed)
+    os.mkfifo(directory / "pipe.ndjson")  # hashing it would block the tick for ever
+    secret = tmp_path / "outside" / "secret.ndjson"
+    write_lines(secret, ['{"type":"malware","id":1,"name":"not yours"}'])
+    (directory / "link.ndjson").symlink_to(secret)
+    started = time.monotonic()
+    ticker.tick()
+    result = ticker.tick()
+    assert time.monotonic() - started < 5 and result.run_requests == []
+    message = skip_message(result)
+    assert "pipe.ndjson: a FIFO, not read" in message
+    assert f"link.ndjson: a symlink out of the drop directory (to {secret.resolve()}), not read" in message
 
 
 def test_half_written_and_hidden_files_are_not_requested(ticker: SensorTicker, threatfeed: IdemConfig) -> None:

@@ -9,6 +9,7 @@ convention instead: write ``.name.tmp`` (dotfiles are ignored) or ``name.part`` 
 from __future__ import annotations
 
 import os
+import stat as stat_module
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +31,18 @@ def is_candidate(relative: Path) -> bool:
     )
 
 
-def look(directory: Path) -> dict[str, Seen]:
-    """``{relative posix path: Seen}`` of the candidate files under ``directory`` (recursive)."""
+def look(directory: Path, refused: dict[str, str] | None = None) -> dict[str, Seen]:
+    """``{relative posix path: Seen}`` of the candidate files under ``directory`` (recursive).
+
+    Only regular files inside the directory are candidates: a symlink that leads
+    out of it (``x.ndjson -> /etc/passwd``), a FIFO (reading it would block the
+    tick), a socket or a device is left out, with the reason put in ``refused``.
+    """
     found: dict[str, Seen] = {}
     if not directory.is_dir():
         return found
-    for root, dirs, files in os.walk(directory):
+    root_dir = directory.resolve()
+    for root, dirs, files in os.walk(directory):  # os.walk does not follow directory symlinks
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             path = Path(root) / name
@@ -43,8 +50,30 @@ def look(directory: Path) -> dict[str, Seen]:
             if not is_candidate(relative):
                 continue
             try:
+                reason = refusal(path, root_dir)
                 stat = path.stat()
             except FileNotFoundError:  # removed between listing and stat
                 continue
+            if reason is not None:
+                if refused is not None:
+                    refused[relative.as_posix()] = reason
+                continue
             found[relative.as_posix()] = Seen(stat.st_size, stat.st_mtime_ns)
     return found
+
+
+def refusal(path: Path, directory: Path) -> str | None:
+    """Why ``path`` may not be ingested from ``directory`` (resolved), or ``None`` if it may.
+
+    Raises:
+        FileNotFoundError: it is gone (or a dangling symlink).
+    """
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.is_relative_to(directory):
+            return f"a symlink out of the drop directory (to {target}), not read"
+    mode = path.stat().st_mode
+    if stat_module.S_ISREG(mode):
+        return None
+    kind = "a FIFO" if stat_module.S_ISFIFO(mode) else "a socket" if stat_module.S_ISSOCK(mode) else "not a regular file"
+    return f"{kind}, not read"

@@ -111,7 +111,8 @@ def build_filedrop_sensor(
         except OSError as exc:
             return dg.SensorResult(skip_reason=f"drop directory {directory} is missing and cannot be created: {exc}")
         previous = _load_cursor(context.cursor)
-        seen = look(directory)
+        refused: dict[str, str] = {}
+        seen = look(directory, refused)
         files: dict[str, list[Any]] = {}
         ready: dict[str, str] = {}
         budget_end = time.monotonic() + HASH_BUDGET_SECONDS
@@ -169,6 +170,7 @@ def build_filedrop_sensor(
         if not requests:
             held = [f"{d.relative}: {d.reason}" for d in decisions if d.reason != "committed"]
             held += _copies_of_committed(directory, decisions, entries)
+            held += [f"{relative}: {reason}" for relative, reason in sorted(refused.items())]
             skip_reason = (
                 f"{len(seen)} file(s): {len(ready)} settled, {waiting} waiting to settle"
                 + (f"; {'; '.join(held[:5])}" if held else "")
