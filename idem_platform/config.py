@@ -272,6 +272,18 @@ class IdemConfig(_Model):
             return {connector.record_type: self.table_specs[connector.record_type]}
         return dict(self.table_specs)
 
+    def shown(self, path: Path | None) -> str:
+        """``path`` as the config names it: relative to the config file when inside its folder
+        (descriptions in the UI carry no machine paths)."""
+        if path is None:
+            return "-"
+        if self.source is not None:
+            try:
+                return path.relative_to(self.source.parent.resolve()).as_posix()
+            except ValueError:
+                pass
+        return str(path)
+
     def spark_master(self) -> str:
         """``IDEM_SPARK_MASTER``, else ``spark.master``, else ``local[*]``."""
         return os.environ.get(SPARK_MASTER_ENV) or self.spark.master or "local[*]"

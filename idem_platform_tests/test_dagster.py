@@ -65,6 +65,15 @@ def test_definitions_expose_assets_job_sensor_schedule_and_checks(threatfeed: Id
     assert implicit is not None and implicit.executor_def is dg.in_process_executor
     assert defs.resolve_sensor_def("threatfeed_filedrop_sensor").job_name == "threatfeed_ingest"
     assert defs.resolve_schedule_def("ledger_purge_hourly").cron_schedule == "0 * * * *"
+    # Before any run the UI shows what committed writes: the tables and their declared columns.
+    committed = dg.AssetKey(["threatfeed", "committed"])
+    declared = defs.resolve_assets_def(committed).metadata_by_key[committed]
+    assert "`idem.threat-actor`" in declared["writes"].value
+    columns = {c.name: c for c in declared["columns/indicator"].schema.columns}
+    assert columns["confidence"].type == "integer" and columns["name"].constraints.nullable is False
+    assert "_idempotency_key" in columns and "props" in columns
+    descriptions = [d.description or "" for d in defs.resolve_all_asset_specs()]
+    assert not any(str(threatfeed.source.parent) in d or "DESIGN" in d for d in descriptions)  # no machine paths
     ingest = defs.resolve_assets_def(dg.AssetKey(["threatfeed", "ingest"]))
     assert isinstance(ingest.partitions_def, dg.DynamicPartitionsDefinition)
 

@@ -37,6 +37,25 @@ def group_of(connector: ConnectorConfig) -> str:
     return connector.name.replace("-", "_")
 
 
+def table_definitions(idem_config: IdemConfig, connector: ConnectorConfig) -> dict[str, dg.MetadataValue]:
+    """What ``committed`` writes, shown before its first run: the tables and their declared columns."""
+    from idem_platform.catalog import SYSTEM_COLUMNS
+
+    specs = idem_config.tables_for(connector)
+    metadata: dict[str, dg.MetadataValue] = {
+        "writes": dg.MetadataValue.md("\n".join(f"* `idem.{name}`" for name in sorted(specs))),
+    }
+    for name, spec in sorted(specs.items()):
+        columns = [dg.TableColumn(column, ddl.split()[0]) for column, ddl in SYSTEM_COLUMNS]
+        columns += [
+            dg.TableColumn(c.name, c.type.postgres, constraints=dg.TableColumnConstraints(nullable=not c.required))
+            for c in spec.columns
+        ]
+        columns.append(dg.TableColumn("props", "jsonb", description="fields with no column of their own"))
+        metadata[f"columns/{name}"] = dg.MetadataValue.table_schema(dg.TableSchema(columns=columns))
+    return metadata
+
+
 def build_commit_assets(
     idem_config: IdemConfig, connector: ConnectorConfig, partitions: dg.PartitionsDefinition | None
 ) -> list[dg.AssetsDefinition]:
@@ -83,6 +102,7 @@ def build_commit_assets(
         group_name=group,
         kinds={"postgres"},
         tags=tags,
+        metadata=table_definitions(idem_config, connector),
         description=(
             "The batch committed to PostgreSQL exactly once: one transaction widens the tables, "
             f"inserts rows new by key,{moves} records rejects, the execution log, the commit "

@@ -46,7 +46,8 @@ def build_filedrop_assets(
         kinds={"spark", "file"},
         tags={"idem/connector": connector.name},
         description=(
-            f"Lines of the files dropped into {connector.path}. Hashes each file once, in chunks "
+            f"Lines of the files dropped into {idem_config.shown(connector.path)} (next to the config "
+            "file). Hashes each file once, in chunks "
             "(file key, line count, line-aligned splits) and checks the ledger: files already "
             "committed are replays and are never read again. The lines themselves are read by "
             "Spark executors, split by split, when the batch is committed. Idempotent."

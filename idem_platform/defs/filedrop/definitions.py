@@ -25,5 +25,7 @@ def filedrop_definitions(config: IdemConfig, connector: ConnectorConfig) -> dg.D
         executor_def=dg.in_process_executor,
         description=f"Ingest, coerce and commit one drop of {connector.name} exactly once.",
     )
-    sensor = build_filedrop_sensor(connector, job, partitions, ingest_key.to_python_identifier())
+    sensor = build_filedrop_sensor(
+        connector, job, partitions, ingest_key.to_python_identifier(), config.shown(connector.path)
+    )
     return dg.Definitions(assets=assets, asset_checks=checks, jobs=[job], sensors=[sensor])

@@ -89,9 +89,11 @@ def build_filedrop_sensor(
     job: dg.JobDefinition | Any,
     partitions: dg.DynamicPartitionsDefinition,
     ingest_op: str,
+    shown_path: str | None = None,
 ) -> dg.SensorDefinition:
-    """The sensor of one file-drop connector."""
-    assert connector.path is not None
+    """The sensor of one file-drop connector (``shown_path``: its directory as the config names it)."""
+    if connector.path is None:
+        raise ValueError(f"connector {connector.name!r} has no drop directory")
     directory = Path(connector.path)
 
     @dg.sensor(
@@ -100,7 +102,7 @@ def build_filedrop_sensor(
         minimum_interval_seconds=connector.sensor_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
-            f"Watches {directory} for settled files (unchanged across two looks; dotfiles and "
+            f"Watches {shown_path or directory} for settled files (unchanged across two looks; dotfiles and "
             "*.tmp/*.part/*.partial are ignored) and requests one run per file the ledger has not "
             "committed. Run keys carry the attempt number, so failed files are retried."
         ),
