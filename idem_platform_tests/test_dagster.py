@@ -100,6 +100,7 @@ def test_job_commits_a_partition_and_reports_it(
     assert any(m.startswith("slice 1/1 staged and promoted: 3 records so far (3 new)") for m in logs)  # progress
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"pandera_contract": True, "commit_consistency": True, "reject_ratio": False}
+    assert {e.partition for e in result.get_asset_check_evaluations()} == {"d1.ndjson"}  # results per file
     (ingest,) = result.asset_materializations_for_node("threatfeed__ingest")
     assert ingest.metadata["lines"].value == 4 and ingest.partition == "d1.ndjson"
 
@@ -153,16 +154,15 @@ def test_commit_consistency_fails_when_the_table_lost_a_row_of_the_commit(
     with connect(pg_url) as conn:
         conn.execute("DELETE FROM idem.malware")
     defs = build_definitions(threatfeed, postgres_url=pg_url)
-    (check,) = [c for c in defs.asset_checks or [] if "commit_consistency" in {k.name for k in c.check_keys}]
-    result = dg.materialize(
-        [*(defs.assets or []), *(defs.asset_checks or [])],  # type: ignore[list-item]
-        selection=dg.AssetSelection.checks(check),
-        resources=defs.resources,
-        instance=instance,  # unpartitioned: the check reads the latest commit, this one
+    # Only the check, on that partition: what "Execute" on a check does in the UI.
+    result = defs.resolve_job_def("threatfeed_ingest").execute_in_process(
+        instance=instance,
+        partition_key="d4.ndjson",  # the check reads that partition's latest commit
+        op_selection=["threatfeed__committed_commit_consistency"],
         raise_on_error=False,
     )
     (evaluation,) = result.get_asset_check_evaluations()
-    assert not evaluation.passed
+    assert not evaluation.passed and evaluation.partition == "d4.ndjson"
     assert evaluation.metadata["problems"].value == ["malware: commit says 1, table holds 0"]
 
 

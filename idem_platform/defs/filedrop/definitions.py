@@ -17,7 +17,7 @@ def filedrop_definitions(config: IdemConfig, connector: ConnectorConfig) -> dg.D
     partitions = partitions_for(connector)
     assets = build_filedrop_assets(config, connector, partitions)
     ingest_key, coerced_key, committed_key = asset_keys(connector)
-    checks = build_checks(connector, coerced_key, committed_key)
+    checks = build_checks(connector, coerced_key, committed_key, partitions)
     job = dg.define_asset_job(
         name=job_name(connector),
         selection=dg.AssetSelection.assets(*asset_keys(connector)),
