@@ -121,6 +121,41 @@ def test_fifos_and_symlinks_out_of_the_drop_directory_are_refused_quickly(
     assert f"link.ndjson: a symlink out of the drop directory (to {secret.resolve()}), not read" in message
 
 
+@pytest.mark.slow
+def test_the_cursor_keeps_only_files_not_committed_with_ten_thousand_files_dropped(
+    ticker: SensorTicker, threatfeed: IdemConfig, pg_url: str
+) -> None:
+    """Committed files are known from the ledger (path, size, mtime), not from the cursor:
+    the cursor stays the size of what is pending, however many files the directory keeps."""
+    directory = drop_dir(threatfeed)
+    hashed = []
+    for index in range(10_000):
+        path = write_lines(directory / f"d{index // 1000}" / f"f{index}.ndjson", [f'{{"type":"malware","id":{index},"name":"m"}}'])
+        hashed.append(hash_file(path))
+    with connect(pg_url) as conn, conn.transaction():
+        ledger = Ledger(conn, "threatfeed")
+        for file in hashed:
+            ledger.begin(file.key, {"connector": "threatfeed", "file_key": file.key}, owner="run/c")
+            result = {"commit_id": "c", "files": [{"file": file.path, "key": file.key, "bytes": file.size, "mtime_ns": file.mtime_ns}]}
+            ledger.commit(file.key, result, owner="run/c")
+    started = time.monotonic()
+    first = ticker.tick()
+    tick_seconds = time.monotonic() - started
+    assert first.run_requests == [] and "10000 file(s): 10000 committed, 0 settled" in skip_message(first)
+    assert json.loads(ticker.cursor or "{}")["files"] == {}
+    assert tick_seconds < 20, f"a tick over 10,000 committed files took {tick_seconds:.1f}s"
+    for index in range(3):
+        write_lines(directory / f"new-{index}.ndjson", [f'{{"type":"malware","id":"n{index}","name":"m"}}'])
+    ticker.tick()
+    second = ticker.tick()
+    assert len(second.run_requests) == 3
+    assert sorted(json.loads(ticker.cursor or "{}")["files"]) == ["new-0.ndjson", "new-1.ndjson", "new-2.ndjson"]
+    # A committed file rewritten in place is not the committed file any more: it is looked at again.
+    rewritten = write_lines(directory / "d0" / "f7.ndjson", ['{"type":"malware","id":"other","name":"m"}'])
+    ticker.tick()
+    assert "d0/f7.ndjson" in json.loads(ticker.cursor or "{}")["files"] and rewritten.exists()
+
+
 def test_half_written_and_hidden_files_are_not_requested(ticker: SensorTicker, threatfeed: IdemConfig) -> None:
     directory = drop_dir(threatfeed)
     growing = directory / "growing.ndjson"

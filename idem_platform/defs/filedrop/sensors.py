@@ -23,6 +23,7 @@ import dagster as dg
 
 from idem_platform.commit.run import owner_alive
 from idem_platform.config import ConnectorConfig
+from idem_platform.connectors.filedrop.committed import committed_files
 from idem_platform.connectors.filedrop.files import hash_file
 from idem_platform.connectors.filedrop.scan import look
 from idem_platform.defs.filedrop.partitions import partition_key_for
@@ -115,10 +116,19 @@ def build_filedrop_sensor(
         previous = _load_cursor(context.cursor)
         refused: dict[str, str] = {}
         seen = look(directory, refused)
-        files: dict[str, list[Any]] = {}
+        absolute = {str((directory / relative).resolve()): relative for relative in seen}
+        with postgres.connection() as conn:
+            committed = committed_files(conn, connector.name, absolute)
+        done = {
+            absolute[path] for path, stamp in committed.items()
+            if (seen[absolute[path]].size, seen[absolute[path]].mtime_ns) == stamp
+        }
+        files: dict[str, list[Any]] = {}  # the cursor: only files settling or not committed yet
         ready: dict[str, str] = {}
         budget_end = time.monotonic() + HASH_BUDGET_SECONDS
         for relative, now in seen.items():
+            if relative in done:
+                continue  # committed as it is now: never hashed again, not remembered
             before = previous.get(relative)
             settled = before is not None and before[0] == now.size and before[1] == now.mtime_ns
             sha = before[2] if settled and before is not None else None
@@ -167,19 +177,19 @@ def build_filedrop_sensor(
             )
         existing = set(context.instance.get_dynamic_partitions(partitions.name or ""))
         new_partitions = sorted(set(partition_keys) - existing)
-        waiting = len(seen) - len(ready)
+        waiting = len(seen) - len(done) - len(ready)
         skip_reason = None
         if not requests:
             held = [f"{d.relative}: {d.reason}" for d in decisions if d.reason != "committed"]
             held += _copies_of_committed(directory, decisions, entries)
             held += [f"{relative}: {reason}" for relative, reason in sorted(refused.items())]
             skip_reason = (
-                f"{len(seen)} file(s): {len(ready)} settled, {waiting} waiting to settle"
+                f"{len(seen)} file(s): {len(done)} committed, {len(ready)} settled, {waiting} waiting to settle"
                 + (f"; {'; '.join(held[:5])}" if held else "")
             )
         return dg.SensorResult(
             run_requests=requests,
-            cursor=json.dumps({"v": 1, "files": files}, separators=(",", ":")),
+            cursor=json.dumps({"v": 2, "files": files}, separators=(",", ":")),
             dynamic_partitions_requests=[partitions.build_add_request(new_partitions)] if new_partitions else [],
             skip_reason=skip_reason,
         )
