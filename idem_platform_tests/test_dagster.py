@@ -108,6 +108,9 @@ def test_job_commits_a_partition_and_reports_it(
     assert again.success
     replay = committed_metadata(again)
     assert replay["replayed"] is True and replay["rows_written"] == 0
+    # The replay keeps the partition's warning: its data is the prior commit's, 1 reject in 4.
+    checks = {e.check_name: e.passed for e in again.get_asset_check_evaluations()}
+    assert checks["reject_ratio"] is False
     assert replay["prior"]["commit_id"] == metadata["commit_id"]
     with connect(pg_url) as conn:
         assert conn.execute("SELECT count(*) FROM idem.indicator").fetchone() == (1,)
