@@ -119,8 +119,12 @@ def parse_and_canonicalize(data: bytes) -> tuple[Any, bytes]:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         value = parse_json_slow(data)
+        check_depth(value)
         return value, canonical_bytes(value)
-    fast = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    try:
+        fast = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONEncodeError, TypeError):  # orjson writes at most MAX_DEPTH levels
+        raise InvalidJSON(f"nested deeper than {MAX_DEPTH} levels (the limit)") from None
     if b"e+" in fast:
         # orjson parses an integer beyond 64 bits as a float (printed 1.2e+22):
         # the value itself is wrong, so parse again exactly.
@@ -130,6 +134,29 @@ def parse_and_canonicalize(data: bytes) -> tuple[Any, bytes]:
     if exact is not None:
         return value, exact
     return value, canonical_bytes(value)
+
+
+MAX_DEPTH = 254  # arrays and objects inside each other; deeper records are rejects wherever they come from
+
+
+def check_depth(value: Any) -> None:
+    """Refuse a parsed value nested deeper than :data:`MAX_DEPTH` (iteratively: no recursion).
+
+    Raises:
+        InvalidJSON: naming the limit.
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise InvalidJSON(f"nested deeper than {MAX_DEPTH} levels (the limit)")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
 def canonical_value_bytes(value: Any) -> bytes:

@@ -252,3 +252,24 @@ def test_an_empty_string_id_counts_as_missing(missing_id: str) -> None:
     ext = empty["_idempotency_key"].split(":")[2]
     assert ext == ("abababababababab#L1" if missing_id == "position" else empty["_content_hash"])
     assert null["_external_id"] == ("abababababababab#L2" if missing_id == "position" else null["_content_hash"])
+
+
+@pytest.mark.parametrize("depth", [255, 300, 1000, 2000])
+def test_records_nested_too_deep_are_rejects_not_failures(depth: int) -> None:
+    """Up to 254 levels of arrays and objects are data; deeper is a reject with the limit in its
+    reason, whichever parser path the record takes (a 30-digit integer forces the exact one)."""
+    deep = "[" * (depth - 1) + "{}" + "]" * (depth - 1)
+    exact = "[" * (depth - 1) + "123456789012345678901234567890" + "]" * (depth - 1)
+    rows = run([
+        f'{{"type":"thing","id":"a","name":"x","emb":[1,2],"deep":{deep}}}'.encode(),
+        f'{{"type":"thing","id":"b","name":"x","deep":{exact}}}'.encode(),
+        b'{"type":"thing","id":"c","name":"fine"}',
+    ])
+    assert [r["_errors"] is None for r in rows] == [False, False, True]
+    assert all("nest" in reasons(r)[0]["message"] and reasons(r)[0]["rule"] == "json" for r in rows[:2])
+
+
+def test_records_nested_up_to_the_limit_are_data() -> None:
+    deep = "[" * 252 + "1" + "]" * 252  # 254 levels with the record itself
+    (row,) = run([f'{{"type":"thing","id":"a","name":"x","deep":{deep}}}'.encode()])
+    assert row["_errors"] is None
