@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from idem_platform.config import IdemConfig
+from idem_platform.connectors.filedrop import file_unit
 from idem_platform.connectors.filedrop.files import hash_file
 from idem_platform.defs.filedrop.sensors import decide
 from idem_platform.ledger import Ledger, LedgerEntry
@@ -67,7 +68,7 @@ def test_new_file_is_requested_once_it_has_settled(ticker: SensorTicker, threatf
     assert request.tags["idem/file_key"] == f"filedrop:{sha}"
     assert second.dynamic_partitions_requests[0].partition_keys == ["day1.ndjson"]
     cursor = json.loads(second.cursor or "{}")
-    assert cursor["files"]["day1.ndjson"][2] == sha
+    assert cursor["files"]["day1.ndjson"][4] == sha
     # Same file, next tick: the same run key again (Dagster dedups it), nothing re-hashed.
     third = ticker.tick()
     assert [r.run_key for r in third.run_requests] == [request.run_key]
@@ -136,7 +137,7 @@ def test_the_cursor_keeps_only_files_not_committed_with_ten_thousand_files_dropp
         ledger = Ledger(conn, "threatfeed")
         for file in hashed:
             ledger.begin(file.key, {"connector": "threatfeed", "file_key": file.key}, owner="run/c")
-            result = {"commit_id": "c", "files": [{"file": file.path, "key": file.key, "bytes": file.size, "mtime_ns": file.mtime_ns}]}
+            result = {"commit_id": "c", "files": [file_unit("threatfeed", file).source]}
             ledger.commit(file.key, result, owner="run/c")
     started = time.monotonic()
     first = ticker.tick()
@@ -154,6 +155,25 @@ def test_the_cursor_keeps_only_files_not_committed_with_ten_thousand_files_dropp
     rewritten = write_lines(directory / "d0" / "f7.ndjson", ['{"type":"malware","id":"other","name":"m"}'])
     ticker.tick()
     assert "d0/f7.ndjson" in json.loads(ticker.cursor or "{}")["files"] and rewritten.exists()
+
+
+def test_a_committed_file_rewritten_with_its_size_and_mtime_restored_is_ingested_again(
+    ticker: SensorTicker, threatfeed: IdemConfig, pg_url: str
+) -> None:
+    path = write_lines(drop_dir(threatfeed) / "same.ndjson", ['{"type":"malware","id":1,"name":"a"}'])
+    file = hash_file(path)
+    with connect(pg_url) as conn, conn.transaction():
+        ledger = Ledger(conn, "threatfeed")
+        ledger.begin(file.key, {"connector": "threatfeed", "file_key": file.key}, owner="run/c")
+        ledger.commit(file.key, {"commit_id": "c", "files": [file_unit("threatfeed", file).source]}, owner="run/c")
+    assert "1 committed" in skip_message(ticker.tick())
+    stat = path.stat()
+    path.write_text('{"type":"malware","id":2,"name":"b"}\n')  # same size, other bytes
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # mtime put back
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    ticker.tick()
+    (request,) = ticker.tick().run_requests
+    assert request.tags["idem/file_key"] == hash_file(path).key != file.key
 
 
 def test_half_written_and_hidden_files_are_not_requested(ticker: SensorTicker, threatfeed: IdemConfig) -> None:

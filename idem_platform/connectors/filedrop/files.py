@@ -51,6 +51,8 @@ class DroppedFile:
     mtime_ns: int
     lines: int
     splits: tuple[Split, ...]
+    ctime_ns: int = 0  # with the inode: a file rewritten with its size and mtime restored is another file
+    inode: int = 0
 
     @property
     def key(self) -> str:
@@ -89,7 +91,7 @@ def hash_file(path: str | Path, *, max_split_bytes: int = 64 << 20, chunk_bytes:
     """
     path = Path(path)
     before = path.stat()
-    memo = (os.fspath(path.resolve()), before.st_size, before.st_mtime_ns, max_split_bytes)
+    memo = (os.fspath(path.resolve()), before.st_size, before.st_mtime_ns, before.st_ctime_ns, before.st_ino, max_split_bytes)
     if memo in _recent:
         _recent.move_to_end(memo)
         return _recent[memo]
@@ -133,7 +135,8 @@ def _hash(path: Path, before: os.stat_result, max_split_bytes: int, chunk_bytes:
             chunk_start += len(chunk)
             last_byte = chunk[-1:]
     after = path.stat()
-    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or chunk_start != after.st_size:
+    stamp = (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino)
+    if stamp != (before.st_size, before.st_mtime_ns, before.st_ctime_ns, before.st_ino) or chunk_start != after.st_size:
         raise FileChangedError(f"{path} changed while it was being hashed; it will be read again")
     if split_start < chunk_start:
         splits.append(Split(split_start, chunk_start, split_first_line, crc))
@@ -143,6 +146,8 @@ def _hash(path: Path, before: os.stat_result, max_split_bytes: int, chunk_bytes:
         sha256=sha.hexdigest(),
         size=after.st_size,
         mtime_ns=after.st_mtime_ns,
+        ctime_ns=after.st_ctime_ns,
+        inode=after.st_ino,
         lines=lines,
         splits=tuple(splits),
     )

@@ -54,7 +54,10 @@ def file_unit(connector: str, file: DroppedFile) -> Unit:
         label=file.path,
         records=file.lines,
         size=file.size,
-        source={"file": file.path, "key": file.key, "bytes": file.size, "lines": file.lines, "mtime_ns": file.mtime_ns},
+        source={
+            "file": file.path, "key": file.key, "bytes": file.size, "lines": file.lines,
+            "mtime_ns": file.mtime_ns, "ctime_ns": file.ctime_ns, "inode": file.inode,
+        },
     )
 
 

@@ -18,10 +18,25 @@ IGNORED_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload", ".swp")
 
 @dataclass(frozen=True)
 class Seen:
-    """One look at a file."""
+    """One look at a file: what tells a file from a rewritten one without reading it.
+
+    Size and mtime alone can be restored by a writer (``touch -d``); the inode
+    change time cannot be set from user space and moves on every write, and the
+    inode number changes when a file is replaced by a rename.
+    """
 
     size: int
     mtime_ns: int
+    ctime_ns: int = 0
+    inode: int = 0
+
+    @classmethod
+    def of(cls, stat: os.stat_result) -> Seen:
+        return cls(stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+
+    @property
+    def stamp(self) -> tuple[int, int, int, int]:
+        return (self.size, self.mtime_ns, self.ctime_ns, self.inode)
 
 
 def is_candidate(relative: Path) -> bool:
@@ -58,7 +73,7 @@ def look(directory: Path, refused: dict[str, str] | None = None) -> dict[str, Se
                 if refused is not None:
                     refused[relative.as_posix()] = reason
                 continue
-            found[relative.as_posix()] = Seen(stat.st_size, stat.st_mtime_ns)
+            found[relative.as_posix()] = Seen.of(stat)
     return found
 
 

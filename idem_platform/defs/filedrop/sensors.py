@@ -121,7 +121,7 @@ def build_filedrop_sensor(
             committed = committed_files(conn, connector.name, absolute)
         done = {
             absolute[path] for path, stamp in committed.items()
-            if (seen[absolute[path]].size, seen[absolute[path]].mtime_ns) == stamp
+            if seen[absolute[path]].stamp == stamp
         }
         files: dict[str, list[Any]] = {}  # the cursor: only files settling or not committed yet
         ready: dict[str, str] = {}
@@ -130,14 +130,14 @@ def build_filedrop_sensor(
             if relative in done:
                 continue  # committed as it is now: never hashed again, not remembered
             before = previous.get(relative)
-            settled = before is not None and before[0] == now.size and before[1] == now.mtime_ns
-            sha = before[2] if settled and before is not None else None
+            settled = before is not None and tuple(before[:4]) == now.stamp
+            sha = before[4] if settled and before is not None and len(before) > 4 else None
             if settled and sha is None and time.monotonic() < budget_end:
                 try:
                     sha = hash_file(directory / relative, max_split_bytes=connector.split_bytes).sha256
                 except (FileChangedError, FileNotFoundError):
                     settled = False
-            files[relative] = [now.size, now.mtime_ns, sha]
+            files[relative] = [*now.stamp, sha]
             if settled and sha is not None:
                 ready[relative] = sha
         keys = sorted({file_key_from_digest(sha) for sha in ready.values()})
@@ -189,7 +189,7 @@ def build_filedrop_sensor(
             )
         return dg.SensorResult(
             run_requests=requests,
-            cursor=json.dumps({"v": 2, "files": files}, separators=(",", ":")),
+            cursor=json.dumps({"v": 3, "files": files}, separators=(",", ":")),
             dynamic_partitions_requests=[partitions.build_add_request(new_partitions)] if new_partitions else [],
             skip_reason=skip_reason,
         )
