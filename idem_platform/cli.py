@@ -273,16 +273,10 @@ def list_rejects(
             raise CommandError(f"--commit {commit!r} is not a commit id (a UUID)") from None
     if limit < 1:
         raise CommandError(f"--limit must be at least 1 (got {limit})")
+    from idem_platform.rejects import list_rejects as read_rejects
+
     with connect(url) as conn:
-        rows = conn.execute(
-            "SELECT commit_id::text, connector, source, position, line, reasons, raw, raw_length, context, created_at "
-            "FROM idem.rejects WHERE (%(connector)s::text IS NULL OR connector = %(connector)s) "
-            "AND (%(commit)s::uuid IS NULL OR commit_id = %(commit)s::uuid) "
-            "ORDER BY created_at DESC, reject_id LIMIT %(limit)s",
-            {"connector": connector, "commit": commit, "limit": limit},
-        ).fetchall()
-    keys = ("commit_id", "connector", "source", "position", "line", "reasons", "raw", "raw_length", "context", "created_at")
-    return [dict(zip(keys, row, strict=True)) for row in rows]
+        return read_rejects(conn, connector=connector, commit_id=commit, limit=limit)
 
 
 def cmd_rejects(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -26,7 +26,7 @@ from idem_platform.commit.run import CommitRequest, commit_batch
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.defs.summary import REJECT_SAMPLE, summary_from_metadata, summary_metadata
 from idem_platform.pipeline import CoercedBatch, check_cluster_reach
-from idem_platform.postgres.schema import SCHEMA
+from idem_platform.rejects import list_rejects
 
 REPLAY_TAG = "idem/replay"
 LATEST = "latest"  # the plans directory that keeps each asset partition's latest plan
@@ -113,11 +113,8 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
         if not commit_id:
             return []
         with self.postgres.connection() as conn:
-            rows = conn.execute(
-                f"SELECT position, reasons FROM {SCHEMA}.rejects WHERE commit_id = %s ORDER BY reject_id LIMIT %s",
-                [commit_id, REJECT_SAMPLE],
-            ).fetchall()
-        return [(position, list(reasons)) for position, reasons in rows]
+            rejects = list_rejects(conn, commit_id=commit_id, limit=REJECT_SAMPLE)
+        return [(r["position"], list(r["reasons"])) for r in rejects]
 
     def load_input(self, context: dg.InputContext) -> dict[str, Any]:
         """The commit summary of the upstream partition (rows are in ``idem.<record_type>``)."""

@@ -22,6 +22,7 @@ from idem_platform.defs.summary import (
 from idem_platform.pipeline import CoercedBatch
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import table_ident
+from idem_platform.rejects import list_rejects
 
 if TYPE_CHECKING:
     import pandera.pandas as pa
@@ -184,11 +185,8 @@ def _build_checks(
         metadata: dict[str, Any] = {"reject_ratio": dg.MetadataValue.float(ratio), "records": dg.MetadataValue.int(total)}
         if summary.get("commit_id") and summary.get("rows_rejected"):
             with postgres.connection() as conn:
-                rows = conn.execute(
-                    f"SELECT position, reasons FROM {SCHEMA}.rejects WHERE commit_id = %s ORDER BY reject_id LIMIT %s",
-                    [summary["commit_id"], REJECT_SAMPLE],
-                ).fetchall()
-            metadata["rejects"] = reject_sample([(position, list(reasons)) for position, reasons in rows])
+                rejects = list_rejects(conn, commit_id=summary["commit_id"], limit=REJECT_SAMPLE)
+            metadata["rejects"] = reject_sample([(r["position"], list(r["reasons"])) for r in rejects])
         return dg.AssetCheckResult(passed=ratio <= 0.01, severity=dg.AssetCheckSeverity.WARN, metadata=metadata)
 
     return [pandera_contract, commit_consistency, reject_ratio_check]
