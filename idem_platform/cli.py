@@ -241,6 +241,9 @@ def cmd_read(args: argparse.Namespace) -> dict[str, Any] | None:
     config = load_config(args.config)
     if args.record_type not in config.tables:
         raise CommandError(f"unknown record type {args.record_type!r} (known: {', '.join(sorted(config.tables))})")
+    args.commit = commit_id_argument(args.commit)
+    if args.limit is not None and args.limit < 1:
+        raise CommandError(f"--limit must be at least 1 (got {args.limit})")
     url = prepare_environment()
     query = sql.SQL("SELECT to_jsonb(t) FROM {} t {} ORDER BY _ingested_at, _idempotency_key {}").format(
         table_ident(args.record_type),
@@ -262,21 +265,28 @@ def list_rejects(
     url: str, *, connector: str | None = None, commit: str | None = None, limit: int = 50
 ) -> list[dict[str, Any]]:
     """Rejected records, newest commit first, each with its position and every reason."""
-    import uuid
 
     from idem_platform.postgres import connect
 
-    if commit is not None:
-        try:
-            commit = str(uuid.UUID(commit))
-        except ValueError:
-            raise CommandError(f"--commit {commit!r} is not a commit id (a UUID)") from None
+    commit = commit_id_argument(commit)
     if limit < 1:
         raise CommandError(f"--limit must be at least 1 (got {limit})")
     from idem_platform.rejects import list_rejects as read_rejects
 
     with connect(url) as conn:
         return read_rejects(conn, connector=connector, commit_id=commit, limit=limit)
+
+
+def commit_id_argument(commit: str | None) -> str | None:
+    """``--commit`` as a commit id (a UUID), or a one-line error."""
+    import uuid
+
+    if commit is None:
+        return None
+    try:
+        return str(uuid.UUID(commit))
+    except ValueError:
+        raise CommandError(f"--commit {commit!r} is not a commit id (a UUID)") from None
 
 
 def cmd_rejects(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -514,6 +524,22 @@ def human_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _unexpected(exc: Exception) -> str:
+    """One line for an error nobody foresaw; its traceback goes to a log file the line names."""
+    import traceback
+
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    try:
+        logs = idem_home() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        path = logs / f"idem-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+        path.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+        return f"{text} (traceback in {path})"
+    except OSError:
+        return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -523,6 +549,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - anything unforeseen: one line, the traceback in a file
+        sys.stderr.write(f"idem: error: {_unexpected(exc)}\n")
+        return 1
     if output is not None:
         human = not getattr(args, "json", True) and sys.stdout.isatty() and "rows_written" in output
         text = human_summary(output) if human else json.dumps(output, ensure_ascii=False, default=str)

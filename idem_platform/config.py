@@ -227,11 +227,19 @@ class IdemConfig(_Model):
 
     @model_validator(mode="after")
     def _references(self) -> IdemConfig:
-        seen: set[str] = set()
+        seen: dict[str, str] = {}
         for connector in self.connectors:
-            if connector.name in seen:
-                raise ValueError(f"connector name {connector.name!r} is used twice")
-            seen.add(connector.name)
+            # Dagster names (jobs, sensors, groups) turn '-' into '_': feed-a and feed_a would clash.
+            name = connector.name.replace("-", "_")
+            if name in seen:
+                other = seen[name]
+                raise ValueError(
+                    f"connector name {connector.name!r} is used twice"
+                    if other == connector.name
+                    else f"connector names {other!r} and {connector.name!r} name the same Dagster job and sensor "
+                    "('-' and '_' are one character there); rename one"
+                )
+            seen[name] = connector.name
             if connector.record_type is not None and connector.record_type not in self.tables:
                 raise ValueError(
                     f"connector {connector.name!r}: record_type {connector.record_type!r} is not "
@@ -337,6 +345,21 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key given twice in one mapping (the last would win silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_config(text: str, path: Path | None = None) -> IdemConfig:
     """Parse the text of an ``idem.yaml``.
 
@@ -348,14 +371,19 @@ def parse_config(text: str, path: Path | None = None) -> IdemConfig:
     where = str(path) if path else "idem.yaml"
     try:
         root = yaml.compose(text)
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"not valid YAML{at}: {exc.problem or exc.context}", path=where) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", path=where) from exc
+        raise ConfigError(f"not valid YAML: {str(exc).splitlines()[0]}", path=where) from None
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping (connectors:, tables:, ...)", path=where)
     data = _resolve_env(data, "", where)
     base = path.parent if path else Path.cwd()
-    for connector in data.get("connectors") or []:
+    connectors = data.get("connectors")
+    for connector in connectors if isinstance(connectors, list) else []:
         if isinstance(connector, dict) and isinstance(connector.get("path"), str):
             connector["path"] = str((base / connector["path"]).resolve())
     try:
@@ -384,4 +412,8 @@ def load_config(path: str | Path | None = None) -> IdemConfig:
         raise ConfigError(
             f"config file not found: {resolved} (pass --config PATH or set {CONFIG_ENV})"
         )
-    return parse_config(resolved.read_text(encoding="utf-8"), resolved)
+    try:
+        text = resolved.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})", path=str(resolved)) from None
+    return parse_config(text, resolved)

@@ -73,6 +73,8 @@ def test_multiple_files_commit_together(env: IdemConfig, spark: Any, capsys: pyt
         (("ingest", "--connector", "nope", "x"), "no connector named 'nope' (known: threatfeed)"),
         (("read", "nope"), "unknown record type 'nope'"),
         (("rejects", "--commit", "notauuid"), "--commit 'notauuid' is not a commit id (a UUID)"),
+        (("read", "malware", "--commit", "notauuid"), "--commit 'notauuid' is not a commit id (a UUID)"),
+        (("read", "malware", "--limit", "-1"), "--limit must be at least 1 (got -1)"),
         (("rejects", "--limit", "0"), "--limit must be at least 1 (got 0)"),
     ],
 )
@@ -116,3 +118,50 @@ def test_urls_are_shown_without_their_password() -> None:
 
     assert masked("postgresql://idem:s3cret@db:5432/idem?sslmode=require") == "postgresql://idem:***@db:5432/idem?sslmode=require"
     assert masked("postgresql://postgres@127.0.0.1:5432/postgres") == "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("connectors: 5\n", "connectors (line 1): Input should be a valid list"),
+        ("tables: {}\ntables: {}\n", "not valid YAML (line 2, column 1): key 'tables' is given twice in one mapping"),
+        ("connectors: [\n", "not valid YAML (line 2, column 1): expected the node content"),
+        (
+            "connectors:\n  - {name: feed-a, kind: filedrop, path: d, record_type: t}\n"
+            "  - {name: feed_a, kind: filedrop, path: d, record_type: t}\ntables:\n  t: {columns: {a: string}}\n",
+            "connector names 'feed-a' and 'feed_a' name the same Dagster job and sensor",
+        ),
+    ],
+)
+def test_config_mistakes_are_one_line_naming_file_and_line(
+    env: IdemConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(text)
+    code, _, err = run(capsys, "read", "malware", "--config", str(broken))
+    assert code == 1 and err.count("\n") == 1 and err.startswith(f"idem: error: {broken}: ") and message in err
+
+
+def test_a_config_that_is_not_utf8_is_one_line(env: IdemConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "latin1.yaml"
+    broken.write_bytes("connectors: []\n# caf\xe9\n".encode("latin-1"))
+    code, _, err = run(capsys, "read", "malware", "--config", str(broken))
+    assert code == 1 and err.count("\n") == 1 and "not UTF-8 text (byte 20 is 0xe9)" in err
+
+
+def test_an_unforeseen_failure_is_one_line_with_the_traceback_in_a_file(
+    env: IdemConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import idem_platform.cli as cli
+
+    monkeypatch.setenv("IDEM_HOME", str(tmp_path / "home-idem"))
+
+    def broken(args: object) -> None:
+        raise RuntimeError("something nobody foresaw\nsecond line")
+
+    monkeypatch.setattr(cli, "cmd_offsets", broken)
+    code, _, err = run(capsys, "offsets")
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("idem: error: RuntimeError: something nobody foresaw (traceback in ")
+    log = Path(err.rsplit("traceback in ", 1)[1].rstrip(")\n"))
+    assert "second line" in log.read_text() and "Traceback" in log.read_text()
