@@ -142,9 +142,11 @@ def _run_job(
     from idem_platform.defs.connector.assets import asset_keys, job_name
     from idem_platform.defs.definitions import build_definitions
     from idem_platform.defs.filedrop.partitions import partitions_for
+    from idem_platform.defs.terminal import terminal_logger
 
     defs = build_definitions(config)
-    job = defs.resolve_job_def(job_name(connector))
+    # A person at a terminal reads the job's own progress lines, not Dagster's events.
+    job = defs.resolve_job_def(job_name(connector)).with_logger_defs({"console": terminal_logger})
     ingest_key, _, committed_key = asset_keys(connector)
     instance = dg.DagsterInstance.get()
     if partition is not None:
@@ -154,8 +156,7 @@ def _run_job(
     result = job.execute_in_process(
         run_config={
             "ops": {ingest_key.to_python_identifier(): {"config": ingest_config}},
-            # Step-by-step DEBUG events stay in the run's event log; the terminal gets INFO.
-            "loggers": {"console": {"config": {"log_level": "INFO"}}},
+            "loggers": {"console": {}},  # the terminal logger, not Dagster's default one
         },
         instance=instance,
         partition_key=partition,

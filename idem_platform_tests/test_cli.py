@@ -165,3 +165,36 @@ def test_an_unforeseen_failure_is_one_line_with_the_traceback_in_a_file(
     assert err.startswith("idem: error: RuntimeError: something nobody foresaw (traceback in ")
     log = Path(err.rsplit("traceback in ", 1)[1].rstrip(")\n"))
     assert "second line" in log.read_text() and "Traceback" in log.read_text()
+
+
+@pytest.mark.slow
+def test_a_bad_spark_master_is_one_line_naming_it(pg_url: str, threatfeed: IdemConfig, tmp_path: Path) -> None:
+    import subprocess
+
+    from idem_platform_tests.conftest import cli_env, idem_command
+
+    assert threatfeed.connector("threatfeed").path is not None
+    path = write_lines(threatfeed.connector("threatfeed").path / "m.ndjson", ['{"type":"malware","id":"m","name":"x"}'])
+    env = {**cli_env(pg_url, tmp_path, threatfeed), "IDEM_SPARK_MASTER": "bogus://nowhere:1"}
+    done = subprocess.run(
+        idem_command("ingest", "--connector", "threatfeed", str(path)), env=env, capture_output=True, text=True, timeout=300
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1
+    assert last.startswith("idem: error: ") and "spark.master 'bogus://nowhere:1'" in last
+
+
+def test_the_terminal_logger_prints_only_the_jobs_own_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from idem_platform.defs.terminal import _OwnMessages
+
+    handler = _OwnMessages()
+    own = logging.LogRecord("x", logging.INFO, "f", 1, "m", None, None)
+    own.dagster_meta = {"orig_message": "slice 1/2 staged", "step_key": "feed__committed"}  # type: ignore[attr-defined]
+    event = logging.LogRecord("x", logging.ERROR, "f", 1, "m", None, None)
+    event.dagster_meta = {"orig_message": "Traceback ...", "dagster_event": object()}  # type: ignore[attr-defined]
+    debug = logging.LogRecord("x", logging.DEBUG, "f", 1, "m", None, None)
+    for record in (own, event, debug):
+        handler.emit(record)
+    assert capsys.readouterr().err == "feed__committed: slice 1/2 staged\n"

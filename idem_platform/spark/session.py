@@ -98,7 +98,18 @@ def build_session(conf: Mapping[str, str] | None = None) -> SparkSession:
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    try:
+        return builder.getOrCreate()
+    except Exception as exc:
+        if "JAVA_GATEWAY_EXITED" not in str(exc):
+            raise
+        from idem_platform.errors import ConfigError
+
+        raise ConfigError(
+            f"Spark did not start with spark.master {settings.get('spark.master')!r}: its JVM exited. Check the "
+            "master URL (local[*], spark://host:7077, yarn, k8s://...; IDEM_SPARK_MASTER overrides idem.yaml) "
+            "and that Java 17+ is installed"
+        ) from None
 
 
 _warm_up_lock = threading.Lock()
@@ -106,8 +117,15 @@ _warm_up_thread: threading.Thread | None = None
 
 
 def _warm(conf: dict[str, str]) -> None:
-    """Start the JVM and one Python worker per slot with idem's modules imported."""
-    spark = build_session(conf)
+    """Start the JVM and one Python worker per slot with idem's modules imported.
+
+    A session that cannot start is left for the run to report: the run starts it
+    again and fails with the error, in one line.
+    """
+    try:
+        spark = build_session(conf)
+    except Exception:  # noqa: BLE001 - reported by the run itself
+        return
     slots = max(1, int(spark.sparkContext.defaultParallelism))
 
     def touch(indexes: Iterator[int]) -> Iterator[int]:
