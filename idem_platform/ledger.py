@@ -139,7 +139,8 @@ class Ledger:
             "WHERE namespace = %s AND key = %s FOR UPDATE",
             [self.namespace, key],
         ).fetchone()
-        assert row is not None, "a conflicting ledger row vanished under FOR UPDATE"
+        if row is None:  # deleted (purged, released) between our INSERT and SELECT: ask again
+            return self.begin(key, request, owner=owner)
         recorded, status, result, error, attempts, current_owner = row
         if recorded != submitted:
             return Mismatch(recorded, submitted)

@@ -28,6 +28,11 @@ class CommitPlan:
         step: source state moved inside the promoting transaction (Kafka offsets).
         meta_column: the tables' column that receives the records' source
             metadata (``_kafka``), or ``None`` to keep none.
+        replayed_records: records of the batch's already-committed units: counted
+            as replay skips, so every record of a mixed batch is accounted for.
+        lock_timeout_seconds: how long the promote waits for a target table's
+            lock (another commit promoting into it, a user's open ``LOCK``)
+            before it gives up with a transient error.
     """
 
     commit_id: str
@@ -45,6 +50,8 @@ class CommitPlan:
     spec: RecordSpec
     step: CommitStep | None = None
     meta_column: str | None = None
+    replayed_records: int = 0  # records of units in the batch that an earlier commit holds
+    lock_timeout_seconds: float = 120.0  # wait for the target tables' lock at the promote
 
     @cached_property
     def index_of(self) -> dict[str, int]:

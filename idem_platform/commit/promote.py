@@ -1,14 +1,15 @@
 """The one promoting transaction of a commit (DESIGN §5).
 
-Runs on the driver, opened before the first slice is staged and fed the
-accepted attempt of each slice in slice order. In one PostgreSQL transaction it:
+Runs on the driver once every slice is staged (staging takes no lock on the
+target tables). In one PostgreSQL transaction it:
 
 1. re-checks the ledger rows of the batch's units under ``FOR UPDATE`` (still
    ``in_progress`` and owned by this commit, or nothing is promoted);
 2. takes ``SHARE ROW EXCLUSIVE`` on the record tables (concurrent commits to the
-   same tables serialise; readers are never blocked), then per slice and record
-   type widens the table for new fields and inserts the staged rows of the
-   *accepted* attempt only, first occurrence per key, skipping keys already present;
+   same tables serialise their promotes; readers are never blocked), then per
+   record type widens the table for new fields and inserts the staged rows of
+   the *accepted* attempts only, first occurrence per key, skipping keys
+   already present;
 3. runs the source's commit step (the Kafka offsets' compare-and-set: if
    another run moved them, nothing commits), then records rejects, the
    execution log, the ``commits`` row and the ledger results;
@@ -22,8 +23,9 @@ the anti-join under the table lock already excludes existing keys, so no
 
 from __future__ import annotations
 
-import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -239,18 +241,28 @@ def _insert_attempt_rejects(conn: psycopg.Connection, plan: CommitPlan, stage: s
 
 
 class Promotion:
-    """The one promoting transaction, fed one accepted attempt (slice) at a time.
+    """The one promoting transaction, run once every slice is staged.
 
-    Feeding slices *in slice order* while later slices are still being staged
-    overlaps PostgreSQL's insert work with the executors' work, and keeps the
-    first occurrence of a repeated key (the earliest slice wins, and inside a
-    slice the earliest record). Nothing is visible before :meth:`finish` commits;
-    leaving the ``with`` block on an exception rolls everything back.
+    Slices are fed as their accepted attempts report (:meth:`add` only notes
+    them); :meth:`finish` opens the transaction, so the target tables are locked
+    only while rows move from staging into them, never while Spark reads and
+    stages. Two connectors routing to one table stage side by side and promote
+    one after the other; readers of a table wait at most for the ``ALTER
+    TABLE`` of an evolving promote, never for a Spark job.
+
+    Locks are taken in one order everywhere (:mod:`idem_platform.postgres.tables`
+    follows it too): the batch's ledger rows (sorted by key), then the target
+    tables (sorted by name), then catalog rows, then the source's own rows
+    (Kafka offsets). Each wait is bounded by ``plan.lock_timeout_seconds`` and
+    ends in a :class:`LockTimeout` (transient: the sensor retries).
+
+    The earliest slice wins a repeated key, and inside a slice the earliest
+    record. Leaving the ``with`` block on an exception rolls everything back.
 
     Use::
 
         with Promotion(conn, plan) as promotion:
-            for message in messages_in_slice_order:
+            for message in messages:
                 promotion.add(message)
             result = promotion.finish()
     """
@@ -258,7 +270,6 @@ class Promotion:
     def __init__(self, conn: psycopg.Connection, plan: CommitPlan) -> None:
         self.conn = conn
         self.plan = plan
-        self.started = time.monotonic()
         self.accepted: dict[int, StagedAttempt] = {}
         self.staged = dict.fromkeys(plan.tables, 0)
         self.written = dict.fromkeys(plan.tables, 0)
@@ -267,57 +278,83 @@ class Promotion:
         self.budget = MAX_NEW_COLUMNS
         self.max_timestamps: dict[str, int] = {}  # unit id -> newest source timestamp read (ms)
         self.insert_seconds = 0.0
+        self.lock_seconds = 0.0
         self._transaction: Any = None
 
     def __enter__(self) -> Promotion:
-        self._transaction = self.conn.transaction()
-        self._transaction.__enter__()
-        try:
-            # The first-occurrence sort of a slice's wide rows fits in memory at this size.
-            self.conn.execute("SET LOCAL work_mem = '256MB'")
-            # Probe the primary key for each staged key (a nested-loop anti-join):
-            # cost grows with the batch, never with the size of the table.
-            self.conn.execute("SET LOCAL enable_hashjoin = off")
-            self.conn.execute("SET LOCAL enable_mergejoin = off")
-            _claim(self.conn, self.plan)
-            for record_type in sorted(self.plan.tables):
-                self.conn.execute(
-                    sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(table_ident(record_type))
-                )
-        except BaseException:
-            self._transaction.__exit__(*sys.exc_info())
-            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._transaction.__exit__(*exc)
+        if self._transaction is not None:
+            self._transaction.__exit__(*exc)
 
     def add(self, message: StagedAttempt) -> None:
-        """Promote one accepted attempt's rows (inside the open transaction)."""
+        """Note one slice's accepted attempt (the first report of each slice wins)."""
         if message.partition in self.accepted:
             return  # a second report of a partition (speculation): its rows are not ours
         self.accepted[message.partition] = message
         for index, stamp in message.max_timestamps.items():
             unit = self.plan.units[index].id
             self.max_timestamps[unit] = max(stamp, self.max_timestamps.get(unit, stamp))
-        started = time.monotonic()
-        for record_type in sorted(self.plan.tables):
-            self.staged[record_type] += message.repeats.get(record_type, 0)
-            count = message.rows.get(record_type, 0)
-            if not count:
-                continue
-            self.staged[record_type] += count
-            spec = self.plan.tables[record_type]
-            stage = staged_ident(attempt_table(self.plan.staging_table(record_type), message.attempt))
-            evolution = _Evolution()
-            if self.plan.evolve and message.with_extra.get(record_type, 0):
-                evolution = self._evolve(record_type, spec, _extra_keys(self.conn, stage))
-            self.written[record_type] += _insert_rows(
-                self.conn, self.plan, record_type, spec, stage, evolution, unique_keys=message.unique_keys
-            )
-        self.insert_seconds += time.monotonic() - started
 
-    def _evolve(self, record_type: str, spec: TableSpec, keys: list[str]) -> _Evolution:
+    @property
+    def records_staged(self) -> int:
+        """Records the accepted attempts staged so far (for progress lines)."""
+        return sum(sum(m.rows.values()) + sum(m.repeats.values()) for m in self.accepted.values())
+
+    def _begin(self) -> None:
+        """Open the transaction, re-check the claim, lock the target tables in name order."""
+        self._transaction = self.conn.transaction()
+        self._transaction.__enter__()
+        # The first-occurrence sort of a slice's wide rows fits in memory at this size.
+        self.conn.execute("SET LOCAL work_mem = '256MB'")
+        # Probe the primary key for each staged key (a nested-loop anti-join):
+        # cost grows with the batch, never with the size of the table.
+        self.conn.execute("SET LOCAL enable_hashjoin = off")
+        self.conn.execute("SET LOCAL enable_mergejoin = off")
+        _set_lock_timeout(self.conn, self.plan.lock_timeout_seconds)
+        waited = time.monotonic()
+        with _lock_wait(self.plan, "the batch's ledger rows"):
+            _claim(self.conn, self.plan)
+        for record_type in sorted(self.plan.tables):
+            with _lock_wait(self.plan, f"table idem.{record_type}"):
+                self.conn.execute(
+                    sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(table_ident(record_type))
+                )
+        self.lock_seconds = time.monotonic() - waited
+
+    def _promote_rows(self, chosen: list[StagedAttempt]) -> None:
+        """Per record type (in name order): widen the table once for the batch's new
+        fields, then insert each accepted attempt's rows in slice order."""
+        started = time.monotonic()
+        catalog: list[tuple[str, TableSpec]] = []
+        for record_type in sorted(self.plan.tables):
+            spec = self.plan.tables[record_type]
+            stages = []
+            for message in chosen:
+                self.staged[record_type] += message.repeats.get(record_type, 0)
+                if message.rows.get(record_type, 0):
+                    self.staged[record_type] += message.rows[record_type]
+                    stage = staged_ident(attempt_table(self.plan.staging_table(record_type), message.attempt))
+                    stages.append((stage, message))
+            evolution = _Evolution()
+            if self.plan.evolve and any(m.with_extra.get(record_type, 0) for _, m in stages):
+                keys: dict[str, None] = {}
+                for stage, message in stages:
+                    if message.with_extra.get(record_type, 0):
+                        keys.update(dict.fromkeys(_extra_keys(self.conn, stage)))
+                evolution = self._evolve(record_type, list(keys))
+                if evolution.fill:
+                    catalog.append((record_type, spec))
+            for stage, message in stages:
+                self.written[record_type] += _insert_rows(
+                    self.conn, self.plan, record_type, spec, stage, evolution, unique_keys=message.unique_keys
+                )
+        for record_type, spec in catalog:  # catalog rows after every table lock (the one lock order)
+            record_catalog(self.conn, effective_spec(spec, existing_columns(self.conn, record_type)))
+        self.insert_seconds = time.monotonic() - started
+
+    def _evolve(self, record_type: str, keys: list[str]) -> _Evolution:
         """What each unknown field becomes: a text column (added now, within the budget) or ``props``."""
         result = _Evolution()
         columns = existing_columns(self.conn, record_type)
@@ -326,7 +363,7 @@ class Promotion:
             if type_ == STRING.postgres:
                 result.fill.append(key)
             elif type_ is None and self.budget > 0:
-                add_column(self.conn, record_type, Column(key, STRING, evolved=True))
+                _add_column_politely(self.conn, self.plan, record_type, Column(key, STRING, evolved=True))
                 self.budget -= 1
                 self.added[record_type].append(key)
                 result.fill.append(key)
@@ -334,23 +371,25 @@ class Promotion:
                 result.to_props.append(key)
                 if key not in self.to_props[record_type]:
                     self.to_props[record_type].append(key)
-        if result.fill:
-            record_catalog(self.conn, effective_spec(spec, existing_columns(self.conn, record_type)))
         return result
 
     def finish(self) -> dict[str, Any]:
-        """Check the batch, record everything, commit. Returns the commit's result.
+        """Promote, check the batch, record everything, commit. Returns the commit's result.
 
         Raises:
             TransientError: a partition never reported (nothing is committed).
+            ClaimLost: another run owns or committed the units (nothing is committed).
+            LockTimeout: a target table stayed locked past ``lock_timeout_seconds``.
             RejectRatioExceeded: the batch is over ``max_reject_ratio``.
         """
         plan = self.plan
         chosen = accepted_attempts(plan, list(self.accepted.values()))
         rejected = sum(a.rejected for a in chosen)
-        total = sum(self.staged.values()) + rejected
+        staged = sum(sum(a.rows.values()) + sum(a.repeats.values()) for a in chosen)
+        total = staged + rejected
         if total and rejected / total > plan.max_reject_ratio:
-            reasons = _reject_reasons(self.conn, plan, chosen)
+            with self.conn.transaction():
+                reasons = _reject_reasons(self.conn, plan, chosen)
             raise RejectRatioExceeded(
                 f"{rejected} of {total} records rejected ({rejected / total:.1%}), above "
                 f"max_reject_ratio {plan.max_reject_ratio}; nothing was committed. First reasons: "
@@ -359,8 +398,11 @@ class Promotion:
                 total=total,
                 reasons=reasons,
             )
+        self._begin()
+        self._promote_rows(chosen)
         checkpoint("before_promote")
-        moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
+        with _lock_wait(plan, "the source's committed offsets"):
+            moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
         rows_rejected = _insert_rejects(self.conn, plan, chosen) if rejected else 0
         if rows_rejected != rejected:
             raise TransientError(f"staged {rejected} rejects but promoted {rows_rejected}; nothing was committed")
@@ -375,24 +417,26 @@ class Promotion:
             if self.staged[rt]
         }
         rows_written = sum(self.written.values())
-        rows_skipped = sum(self.staged.values()) - rows_written
+        idempotent_skips = sum(self.staged.values()) - rows_written
         result = {
             "commit_id": plan.commit_id,
             "connector": plan.connector,
             "run_id": plan.run_id,
             "rows_written": rows_written,
-            "rows_skipped": rows_skipped,
+            "rows_skipped": idempotent_skips + plan.replayed_records,
             "rows_rejected": rows_rejected,
             "replayed": False,
+            **({"replay_skipped": plan.replayed_records} if plan.replayed_records else {}),
             **sources_of(plan.sources()),
             "tables": tables,
             "schema_versions": {rt: plan.tables[rt].schema_version for rt in sorted(plan.tables)},
-            "timings": {"insert_seconds": round(self.insert_seconds, 3)},
+            "timings": {"lock_wait_seconds": round(self.lock_seconds, 3), "insert_seconds": round(self.insert_seconds, 3)},
         }
         valid_through = moved.pop("valid_through", None)
         result.update(moved)
         _record_commit(self.conn, plan, result, replay=False, valid_through=valid_through)
-        _log(self.conn, plan.commit_id, rows_written, rows_skipped, rows_rejected, replay=plan.replay)
+        _log(self.conn, plan.commit_id, rows_written, idempotent_skips, rows_rejected, replay=plan.replay,
+             replay_skipped=plan.replayed_records)
         ledger = Ledger(self.conn, plan.connector, replay_window=timedelta(seconds=plan.replay_window_seconds))
         for key in plan.ledger_keys():
             ledger.commit(key, result, owner=plan.owner)
@@ -402,11 +446,60 @@ class Promotion:
         checkpoint("during_promote")
         finishing = time.monotonic()
         self._transaction.__exit__(None, None, None)
-        self._transaction = _Done()
+        self._transaction = None
         result["timings"]["commit_seconds"] = round(time.monotonic() - finishing, 3)
         checkpoint("after_promote")
         _drop_leftovers(self.conn, plan)
         return result
+
+
+class LockTimeout(TransientError):
+    """A lock the promote needs stayed held by another session past the lock timeout."""
+
+
+def _set_lock_timeout(conn: psycopg.Connection, seconds: float) -> None:
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{max(1, int(seconds * 1000))}ms"])
+
+
+ALTER_TRY_SECONDS = 2.0
+
+
+def _add_column_politely(conn: psycopg.Connection, plan: CommitPlan, record_type: str, column: Column) -> None:
+    """``ALTER TABLE … ADD COLUMN`` in short tries, until the promote's lock timeout.
+
+    The ALTER needs ``ACCESS EXCLUSIVE``, so it waits for the table's current
+    readers, and every reader that arrives meanwhile queues behind it. Each try
+    gives up after :data:`ALTER_TRY_SECONDS` (rolled back to a savepoint), so a
+    long report on the table delays new readers by at most that much per try.
+    """
+    deadline = time.monotonic() + plan.lock_timeout_seconds
+    while True:
+        try:
+            with conn.transaction():  # a savepoint
+                _set_lock_timeout(conn, min(ALTER_TRY_SECONDS, plan.lock_timeout_seconds))
+                add_column(conn, record_type, column)
+            break
+        except psycopg.errors.LockNotAvailable as exc:
+            if time.monotonic() >= deadline:
+                raise LockTimeout(
+                    f"waited {plan.lock_timeout_seconds:g} s to add column {column.name!r} to table "
+                    f"idem.{record_type}: its readers never let go (see pg_stat_activity); nothing was "
+                    "committed, the next attempt retries"
+                ) from exc
+            time.sleep(0.5)
+    _set_lock_timeout(conn, plan.lock_timeout_seconds)
+
+
+@contextmanager
+def _lock_wait(plan: CommitPlan, what: str) -> Iterator[None]:
+    """Turn a lock timeout into a transient error that names what was locked."""
+    try:
+        yield
+    except psycopg.errors.LockNotAvailable as exc:
+        raise LockTimeout(
+            f"waited {plan.lock_timeout_seconds:g} s for the lock on {what}: another session holds it "
+            "(see pg_locks / pg_stat_activity); nothing was committed, the next attempt retries"
+        ) from exc
 
 
 def _promoted_tables(plan: CommitPlan, chosen: list[StagedAttempt]) -> list[str]:
@@ -486,12 +579,25 @@ def _record_commit(
     )
 
 
-def _log(conn: psycopg.Connection, commit_id: str, written: int, skipped: int, rejected: int, *, replay: bool) -> None:
+def _log(
+    conn: psycopg.Connection,
+    commit_id: str,
+    written: int,
+    skipped: int,
+    rejected: int,
+    *,
+    replay: bool,
+    replay_skipped: int = 0,
+) -> None:
+    """The commit's ``execution_log`` counts. ``replay_skipped``: records of units an
+    earlier commit holds (a mixed batch's already-committed files)."""
     events = {
         "written": written,
         "replay_skip" if replay else "idempotent_skip": skipped,
         "rejected": rejected,
     }
+    if replay_skipped:
+        events["replay_skip"] = events.get("replay_skip", 0) + replay_skipped
     with conn.cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO {SCHEMA}.execution_log (commit_id, event_type, count) VALUES (%s, %s, %s)",

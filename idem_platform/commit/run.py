@@ -28,7 +28,7 @@ import psycopg
 from idem_platform import errors
 from idem_platform.catalog import TableSpec
 from idem_platform.commit.plan import CommitPlan
-from idem_platform.commit.promote import Promotion, record_replay
+from idem_platform.commit.promote import ClaimLost, Promotion, record_replay
 from idem_platform.commit.staging import create_staging, drop_staging_quietly
 from idem_platform.config import ConnectorConfig
 from idem_platform.connectors.batch import SourceBatch
@@ -63,7 +63,8 @@ class CommitRequest:
     run_id: str | None = None
     replay: bool = False
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW
-    lock_wait_seconds: float = 600.0
+    lock_wait_seconds: float = 600.0  # for another live run holding one of the batch's units
+    table_lock_timeout_seconds: float = 120.0  # for the target tables' lock at the promote
     progress: Callable[[str], None] | None = None  # told as each slice is staged and promoted
 
 
@@ -244,15 +245,37 @@ def _plan(request: CommitRequest, batch: SourceBatch, commit_id: str, tables: di
         spec=replace(record_spec(connector, tables, batch.pending), dynamic_values=False),
         step=batch.step,
         meta_column=connector.meta_column,
+        replayed_records=replayed_records(batch),
+        lock_timeout_seconds=request.table_lock_timeout_seconds,
     )
+
+
+def replayed_records(batch: SourceBatch) -> int:
+    """Records of the batch's already-committed units, counted as replay skips.
+
+    An earlier commit that covered exactly some of these units gives its own
+    counts (blank lines excluded, as when it ran); a unit committed together
+    with units outside this batch counts its planned records.
+    """
+    if not batch.replayed or not batch.pending:
+        return 0  # a fully replayed batch counts its priors in record_replay
+    by_commit: dict[str, list[Any]] = {}
+    for unit in batch.replayed:
+        prior = batch.priors.get(unit.key) or {}
+        by_commit.setdefault(str(prior.get("commit_id")), []).append(unit)
+    total = 0
+    for units in by_commit.values():
+        prior = batch.priors.get(units[0].key) or {}
+        covered = {s.get("key") for s in (prior.get("sources") or prior.get("files") or [])}
+        if covered and covered <= {u.key for u in units}:
+            total += sum(int(prior.get(k, 0)) for k in ("rows_written", "rows_skipped", "rows_rejected"))
+        else:
+            total += sum(u.records for u in {u.key: u for u in units}.values())
+    return total
 
 
 def _progress_line(plan: CommitPlan, promotion: Promotion, done: int, seconds: float) -> str:
-    staged = sum(promotion.staged.values())
-    return (
-        f"slice {done}/{len(plan.slices)} staged and promoted: {staged:,} records so far "
-        f"({sum(promotion.written.values()):,} new), {seconds:.1f} s"
-    )
+    return f"slice {done}/{len(plan.slices)} staged: {promotion.records_staged:,} records so far, {seconds:.1f} s"
 
 
 def _refresh(url: str, batch: SourceBatch) -> SourceBatch:
@@ -318,9 +341,22 @@ def commit_batch(
                     if request.progress is not None:
                         request.progress(_progress_line(plan, promotion, done, time.monotonic() - stage_started))
                 staged_seconds = time.monotonic() - stage_started
+                if request.progress is not None:
+                    request.progress(
+                        f"promoting {promotion.records_staged:,} records into "
+                        + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
+                    )
                 result = promotion.finish()
             task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]
             attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
+        except ClaimLost as lost:
+            # Our advisory locks went (a lost connection) and another run took the
+            # units over: if it committed them, this run is a replay.
+            drop_staging_quietly(request.url, [plan.commit_id])
+            refreshed = _refresh(request.url, batch)
+            if refreshed.fully_replayed:
+                return replay_batch(request, refreshed, started=started)
+            raise errors.InFlightError(f"{lost}; another run is ingesting it now") from lost
         except errors.SourceMoved as moved:
             _clean_up_after_failure(request, keys, plan, moved)
             return summary_without_commit(

@@ -35,6 +35,8 @@ from psycopg import sql
 
 from idem_platform.catalog import Column, TableSpec
 from idem_platform.commit.plan import CommitPlan
+from idem_platform.errors import TransientError
+from idem_platform.postgres.connection import connect
 from idem_platform.postgres.schema import SCHEMA, STAGING_SCHEMA
 
 ATTEMPT_ID_HEX = 16  # an attempt's tables are "<template>_<16 hex>": at most 58 characters
@@ -252,7 +254,7 @@ class StagingWriter:
         attempt_table("t", attempt)  # validates the id before anything is created
         self.plan = plan
         self.attempt = attempt
-        self.conn = psycopg.connect(url, autocommit=True, application_name=f"idem-stage-{attempt[:8]}")
+        self.conn = connect(url, autocommit=True, application_name=f"idem-stage-{attempt[:8]}")
         self.rows: dict[str, int] = {}
         self.with_extra: dict[str, int] = {}
         self.rejected = 0
@@ -264,7 +266,8 @@ class StagingWriter:
             table = create_attempt_table(self.conn, self.plan, template, self.attempt)
             copier = self._copiers[template] = BinaryCopy(table, rows.schema)
         copied = copier.write(self.conn, rows)
-        assert copied == rows.num_rows, f"COPY staged {copied} of {rows.num_rows} rows"
+        if copied != rows.num_rows:  # the commit message would vouch for rows that are not there
+            raise TransientError(f"COPY staged {copied} of {rows.num_rows} rows into {template}; nothing was committed")
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Stage one batch of the ``coerced`` frame."""
@@ -290,7 +293,7 @@ def drop_staging_quietly(url: str, commit_ids: Iterable[str]) -> None:
     still holds, PostgreSQL unreachable) is dropped by the purge schedule.
     """
     try:
-        with psycopg.connect(url, autocommit=True, application_name="idem-cleanup") as conn:
+        with connect(url, autocommit=True, application_name="idem-cleanup") as conn:
             for commit_id in commit_ids:
                 drop_commit_staging(conn, commit_id)
     except psycopg.Error:

@@ -8,6 +8,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 POSTGRES_URL_ENV = "IDEM_POSTGRES_URL"
 HOME_ENV = "IDEM_HOME"
@@ -38,6 +39,16 @@ def is_unix_socket_url(url: str) -> bool:
     return host == "" or host.startswith("/")
 
 
+# TCP keepalives on every connection: a run's advisory locks and its promoting
+# transaction live on connections that may sit idle while Spark stages, and a
+# peer that vanished (a dropped NAT entry, a crashed host) must be noticed in
+# about a minute, not after the kernel's two hours. Settings in the URL win.
+KEEPALIVES = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3"}
+
+
 def connect(url: str, *, autocommit: bool = False, application_name: str = "idem") -> psycopg.Connection:
-    """A psycopg 3 connection with a recognisable ``application_name`` in ``pg_stat_activity``."""
-    return psycopg.connect(url, autocommit=autocommit, application_name=application_name)
+    """A psycopg 3 connection with a recognisable ``application_name`` in ``pg_stat_activity``
+    and TCP keepalives (ignored by libpq on Unix sockets)."""
+    given = conninfo_to_dict(url)
+    extra = {k: v for k, v in KEEPALIVES.items() if k not in given}
+    return psycopg.connect(url, autocommit=autocommit, application_name=application_name, **extra)

@@ -69,7 +69,7 @@ def add_system_column(conn: psycopg.Connection, record_types: list[str], name: s
 
     Tables that have it already are not touched, so no lock is taken on them.
     """
-    lacking = [rt for rt in record_types if name not in existing_columns(conn, rt)]
+    lacking = sorted(rt for rt in record_types if name not in existing_columns(conn, rt))
     if not lacking:
         return
     with conn.transaction():
@@ -97,7 +97,10 @@ def effective_spec(spec: TableSpec, columns: dict[str, str]) -> TableSpec:
 def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[str, TableSpec]:
     """Create/widen every declared table; return the effective specs.
 
-    Runs in its own transaction under the DDL advisory lock.
+    Runs in its own transaction under the DDL advisory lock, and keeps the
+    commit's lock order (:class:`idem_platform.commit.promote.Promotion`):
+    tables in name order first, then their catalog rows, so a promote that
+    widens a table and this sync can never wait on each other in a cycle.
 
     Raises:
         ConfigError: a declared column exists with another type.
@@ -105,7 +108,8 @@ def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[s
     effective: dict[str, TableSpec] = {}
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_ID])
-        for name, spec in specs.items():
+        for name in sorted(specs):
+            spec = specs[name]
             columns = existing_columns(conn, name)
             if not columns:
                 _create(conn, spec)
@@ -122,8 +126,9 @@ def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[s
                         key=f"tables.{name}.columns.{column.name}",
                     )
             effective[name] = effective_spec(spec, existing_columns(conn, name))
+        for name in sorted(effective):
             record_catalog(conn, effective[name])
-    return effective
+    return {name: effective[name] for name in specs}
 
 
 def record_catalog(conn: psycopg.Connection, spec: TableSpec) -> None:
