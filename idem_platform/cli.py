@@ -26,12 +26,21 @@ from typing import Any
 from idem_platform.config import CONFIG_ENV, IdemConfig, load_config
 from idem_platform.errors import IdemError
 from idem_platform.postgres.connection import POSTGRES_URL_ENV, idem_home, resolve_postgres_url
+from idem_platform.redact import masked, remember_url, scrub
 
 SUMMARY_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "files", "seconds")
 
 
 class CommandError(Exception):
-    """A failure worth one clear line (exit status 1)."""
+    """A failure worth one clear line (exit status 1).
+
+    ``details``: what ``--verbose`` shows under it (a failed run's error with its
+    traceback, as Dagster recorded it), when there is more to see.
+    """
+
+    def __init__(self, message: str, *, details: str | None = None) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 def prepare_environment() -> str:
@@ -109,10 +118,7 @@ def ingest_connector(
     elif connector.kind == "filedrop":
         if not files:
             raise CommandError(f"connector {connector_name!r} is a file-drop connector: name the files to ingest")
-        paths = [str(Path(f).resolve()) for f in files]
-        for path in paths:
-            if not Path(path).is_file():
-                raise CommandError(f"no such file: {path}")
+        paths = [checked_file(connector, f) for f in files]
         batch = plan_batch(url, connector, paths)
         partition = _partition_for(connector, paths)
         ingest_config = {"files": paths}
@@ -123,6 +129,30 @@ def ingest_connector(
         # sets the run up (the hashes computed here are reused by the run).
         warm_up({k: str(v) for k, v in spark_config_for(config.spark_master(), dict(config.spark.conf)).items()})
     return _run_job(config, connector, ingest_config, partition, replay=replay)
+
+
+def checked_file(connector: Any, name: str) -> str:
+    """``name`` resolved, if ``idem ingest`` may read it; else a one-line error.
+
+    The sensor's rules, in the sensor's words (:mod:`idem_platform.connectors.filedrop.scan`):
+    a name inside the drop directory must lead to a regular file inside it; a file named
+    elsewhere must be a regular file. Only ``stat`` is used: opening a FIFO would block.
+
+    Raises:
+        CommandError: ``<path>: a FIFO, not a regular file: refused``, ``no such file: <path>``...
+    """
+    from idem_platform.connectors.filedrop.scan import named_file_refusal, refused_text
+
+    path = Path(os.path.abspath(name))
+    try:
+        reason = named_file_refusal(path, connector.path, outside=None)
+    except FileNotFoundError:
+        raise CommandError(f"no such file: {path}") from None
+    except OSError as exc:
+        raise CommandError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if reason is not None:
+        raise CommandError(f"{path}: {refused_text(reason)}")
+    return str(path.resolve())
 
 
 def _partition_for(connector: Any, paths: list[str]) -> str:
@@ -144,7 +174,9 @@ def _run_job(
     from idem_platform.defs.filedrop.partitions import partitions_for
     from idem_platform.defs.terminal import terminal_logger
 
-    defs = build_definitions(config)
+    # The person at the terminal may ingest any file of their own; the code location's
+    # definitions (runs launched from the UI) read only the drop directory.
+    defs = build_definitions(config, files_outside_drop_dir=True)
     # A person at a terminal reads the job's own progress lines, not Dagster's events.
     job = defs.resolve_job_def(job_name(connector)).with_logger_defs({"console": terminal_logger})
     ingest_key, _, committed_key = asset_keys(connector)
@@ -164,7 +196,8 @@ def _run_job(
         raise_on_error=False,
     )
     if not result.success:
-        raise CommandError(_failure_message(result))
+        message, details = _failure_message(result)
+        raise CommandError(message, details=details)
     from idem_platform.defs.summary import summary_from_metadata
 
     for materialization in result.asset_materializations_for_node(committed_key.to_python_identifier()):
@@ -172,15 +205,17 @@ def _run_job(
     raise CommandError("the run succeeded but recorded no commit summary")
 
 
-def _failure_message(result: Any) -> str:
+def _failure_message(result: Any) -> tuple[str, str | None]:
+    """A failed run in one line, and the error Dagster recorded, traceback and causes, for ``--verbose``."""
     for event in result.all_events:
         evaluation = event.event_specific_data if event.event_type_value == "ASSET_CHECK_EVALUATION" else None
         if evaluation is not None and not evaluation.passed:
             details = {k: v.value for k, v in evaluation.metadata.items()}
-            return f"blocking check {evaluation.check_name} on {evaluation.asset_key.to_user_string()} failed: {json.dumps(details, default=str)[:2000]}"
+            return f"blocking check {evaluation.check_name} on {evaluation.asset_key.to_user_string()} failed: {json.dumps(details, default=str)[:2000]}", None
     for event in result.all_events:
         if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
             error = event.step_failure_data.error
+            recorded = error.to_string()
             while error.cause is not None and "DagsterExecutionStepExecutionError" in error.cls_name:
                 error = error.cause
             if error.cause is not None and error.cls_name.startswith("Dagster"):
@@ -188,8 +223,8 @@ def _failure_message(result: Any) -> str:
             message = error.message.strip().splitlines()[0] if error.message.strip() else error.cls_name
             # "idem_platform.errors.RejectRatioExceeded: 7 of 10 ..." -> "RejectRatioExceeded: 7 of 10 ..."
             message = re.sub(r"^(?:[a-z_][\w]*\.)+(?=[A-Z]\w*: )", "", message)
-            return f"{event.step_key}: {message}"
-    return "the run failed (see the Dagster run logs)"
+            return f"{event.step_key}: {message}", recorded
+    return "the run failed (see the Dagster run logs)", None
 
 
 def cmd_ingest(args: argparse.Namespace) -> dict[str, Any]:
@@ -396,17 +431,6 @@ def cmd_dev(args: argparse.Namespace) -> dict[str, Any] | None:
     return {"exit_code": run_until_signalled(command, cwd=os.environ["DAGSTER_HOME"], env=env)}
 
 
-def masked(url: str) -> str:
-    """A PostgreSQL URL fit for logs: its password replaced by ``***``."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
 def run_until_signalled(
     command: list[str], grace_seconds: float = 10.0, *, cwd: str | None = None, env: dict[str, str] | None = None
 ) -> int:
@@ -448,11 +472,13 @@ def run_until_signalled(
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="idem", description="Exactly-once JSON ingestion into PostgreSQL.")
+    _add_verbose(top, default=False)
     commands = top.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--config", help=f"idem.yaml (default: ${CONFIG_ENV}, else ./idem.yaml)")
+        _add_verbose(sub)
         return sub
 
     ingest = add("ingest", "ingest a connector's files, or its Kafka lag, in process, exactly once")
@@ -474,6 +500,7 @@ def parser() -> argparse.ArgumentParser:
     ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
     purge = ledger_commands.add_parser("purge", help="delete expired ledger rows")
     purge.add_argument("--config")
+    _add_verbose(purge)
     purge.add_argument("--grace-seconds", type=int, default=3600)
     purge.set_defaults(func=cmd_ledger_purge)
     rejects = add("rejects", "list rejected records with their positions and reasons")
@@ -492,6 +519,18 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--port", type=int, default=3000)
     dev.set_defaults(func=cmd_dev)
     return top
+
+
+def _add_verbose(parser: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+    """``-v/--verbose`` before or after the command (``idem -v ingest``, ``idem ingest -v``).
+
+    Subcommands default to ``SUPPRESS``: argparse would otherwise let a subcommand's
+    default ``False`` overwrite the ``True`` given before the command name.
+    """
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=default,
+        help="on failure, print the traceback to stderr too (the last line is still the one-line error)",
+    )
 
 
 def human_summary(summary: dict[str, Any]) -> str:
@@ -525,34 +564,60 @@ def human_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _unexpected(exc: Exception) -> str:
-    """One line for an error nobody foresaw; its traceback goes to a log file the line names."""
+def _traceback(exc: BaseException) -> str:
+    """``exc``'s traceback with its whole cause chain, credentials scrubbed."""
     import traceback
 
+    return scrub("".join(traceback.format_exception(exc)))
+
+
+def _unexpected(exc: Exception) -> str:
+    """One line for an error nobody foresaw; its traceback goes to a log file the line names."""
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     try:
         logs = idem_home() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         path = logs / f"idem-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
-        path.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+        path.write_text(_traceback(exc), encoding="utf-8")
         return f"{text} (traceback in {path})"
     except OSError:
         return text
 
 
+def _worth_tracing(exc: BaseException) -> str | None:
+    """What ``--verbose`` prints above a foreseen error's line: the failed run's recorded
+    error, or the traceback when the error was raised from another; else ``None`` (a config
+    mistake's line says it all)."""
+    details = getattr(exc, "details", None)
+    if details:
+        return scrub(details.rstrip("\n") + "\n")
+    if exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
+        return _traceback(exc)
+    return None
+
+
+def _fail(line: str, trace: str | None) -> int:
+    """Write the traceback (if any), then the one ``idem: error:`` line, last, so that
+    ``stderr``'s last line is the error with or without ``--verbose``. Both scrubbed."""
+    if trace:
+        sys.stderr.write(trace if trace.endswith("\n") else trace + "\n")
+    sys.stderr.write(f"idem: error: {scrub(line)}\n")
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    remember_url(os.environ.get(POSTGRES_URL_ENV))  # no message below may show its password
     args = parser().parse_args(argv)
+    verbose = bool(getattr(args, "verbose", False))
     try:
         output = args.func(args)
     except (IdemError, CommandError) as exc:
-        sys.stderr.write(f"idem: error: {exc}\n")
-        return 1
+        return _fail(str(exc), _worth_tracing(exc) if verbose else None)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - anything unforeseen: one line, the traceback in a file
-        sys.stderr.write(f"idem: error: {_unexpected(exc)}\n")
-        return 1
+        return _fail(_unexpected(exc), _traceback(exc) if verbose else None)
     if output is not None:
         human = not getattr(args, "json", True) and sys.stdout.isatty() and "rows_written" in output
         text = human_summary(output) if human else json.dumps(output, ensure_ascii=False, default=str)

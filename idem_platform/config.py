@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from idem_platform.catalog import Column, ColumnType, TableSpec, is_safe_column_name
 from idem_platform.errors import ConfigError
 from idem_platform.keys import NAME_PATTERN
+from idem_platform.redact import remember_settings
 
 CONFIG_ENV = "IDEM_CONFIG"
 SPARK_MASTER_ENV = "IDEM_SPARK_MASTER"
@@ -116,6 +117,7 @@ class ConnectorConfig(_Model):
     client_config: dict[str, str] = Field(
         default_factory=dict,
         description="kafka: librdkafka settings for every client (security.protocol, sasl.*, ssl.*, ...).",
+        repr=False,  # sasl.password, ssl.key.password: never in a repr an error or a log may print
     )
     max_records_per_run: int | None = Field(None, ge=1, description="kafka: at most this many offsets per run.")
     split_records: int = Field(100_000, ge=1000, description="kafka: most offsets one Spark task reads.")
@@ -397,6 +399,9 @@ def parse_config(text: str, path: Path | None = None) -> IdemConfig:
             message = error["msg"].removeprefix("Value error, ")
             problems.append(f"{key}{f' (line {line})' if line else ''}: {message}")
         raise ConfigError("; ".join(problems), path=where) from None
+    for connector in config.connectors:
+        # From here on, no message of this process shows these credentials (idem_platform.redact).
+        remember_settings(connector.client_config)
     return config.model_copy(update={"source": path})
 
 

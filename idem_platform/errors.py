@@ -86,6 +86,11 @@ class FileChangedError(TransientError):
     """A dropped file changed between hashing and reading; nothing was committed."""
 
 
+class RefusedFileError(TerminalError):
+    """A named file may not be read: not a regular file (a FIFO would block the reader),
+    or outside its drop directory."""
+
+
 class InFlightError(TransientError):
     """Another live run is ingesting the same file right now."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,139 @@ def test_the_terminal_logger_prints_only_the_jobs_own_lines(capsys: pytest.Captu
     for record in (own, event, debug):
         handler.emit(record)
     assert capsys.readouterr().err == "feed__committed: slice 1/2 staged\n"
+
+
+def _socket_at(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Unix socket at ``path`` (bound from its directory: socket paths are limited to 108 bytes)."""
+    import socket
+
+    monkeypatch.chdir(path.parent)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path.name)
+    server.close()  # the socket file stays
+
+
+def _device_at(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stat as stat_module
+
+    try:
+        os.mknod(path, stat_module.S_IFCHR | 0o600, os.makedev(1, 3))  # like /dev/null
+    except PermissionError:
+        pytest.skip("creating a device node needs root")
+
+
+@pytest.mark.timeout(60)  # opening the FIFO would block for ever: the test fails instead of hanging
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda path, _: os.mkfifo(path), "a FIFO, not a regular file: refused"),
+        (_socket_at, "a socket, not a regular file: refused"),
+        (_device_at, "a character device, not a regular file: refused"),
+        (lambda path, _: path.mkdir(), "a directory, not a regular file: refused"),
+    ],
+    ids=["fifo", "socket", "device", "directory"],
+)
+def test_ingest_refuses_what_is_not_a_regular_file_in_one_line(
+    env: IdemConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, make: Any, reason: str
+) -> None:
+    """The sensor's reason, as one line naming the path: never "no such file", never a hang."""
+    directory = env.connector("threatfeed").path
+    assert directory is not None
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "odd.ndjson"
+    make(path, monkeypatch)
+    code, lines, err = run(capsys, "ingest", "--connector", "threatfeed", str(path))
+    assert code == 1 and lines == []
+    assert err == f"idem: error: {path}: {reason}\n"
+
+
+def test_ingest_refuses_a_symlink_out_of_the_drop_directory_in_the_sensors_words(
+    env: IdemConfig, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from idem_platform.connectors.filedrop.scan import refusal
+
+    directory = env.connector("threatfeed").path
+    assert directory is not None
+    secret = write_lines(tmp_path / "outside" / "secret.ndjson", ['{"type":"malware","id":"s","name":"not yours"}'])
+    link = directory / "link.ndjson"
+    directory.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(secret)
+    code, lines, err = run(capsys, "ingest", "--connector", "threatfeed", str(link))
+    assert code == 1 and lines == []
+    assert err == f"idem: error: {link}: a symlink out of the drop directory (to {secret.resolve()}): refused\n"
+    # The sensor skips it for the same reason, in the same words.
+    assert refusal(link, directory.resolve()) == f"a symlink out of the drop directory (to {secret.resolve()}), not read"
+    # A device named directly (not in the drop directory) is refused too, and never opened.
+    code, _, err = run(capsys, "ingest", "--connector", "threatfeed", "/dev/null")
+    assert code == 1 and err == "idem: error: /dev/null: a character device, not a regular file: refused\n"
+
+
+def test_verbose_prints_an_unforeseen_errors_traceback_then_the_same_one_line(
+    env: IdemConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import idem_platform.cli as cli
+
+    monkeypatch.setenv("IDEM_HOME", str(tmp_path / "home-idem"))
+
+    def broken(args: object) -> None:
+        try:
+            {}["missing"]
+        except KeyError as exc:
+            raise RuntimeError("something nobody foresaw") from exc
+
+    monkeypatch.setattr(cli, "cmd_offsets", broken)
+    code, _, quiet = run(capsys, "offsets")
+    assert code == 1 and quiet.count("\n") == 1 and "Traceback" not in quiet
+    for argv in (("-v", "offsets"), ("offsets", "--verbose")):
+        code, _, err = run(capsys, *argv)
+        *trace, last = err.splitlines()
+        assert code == 1 and last.startswith("idem: error: RuntimeError: something nobody foresaw (traceback in ")
+        text = "\n".join(trace)
+        assert text.startswith("Traceback") and "KeyError: 'missing'" in text and "in broken" in text
+        assert "The above exception was the direct cause of the following exception" in text
+
+
+def test_verbose_prints_the_cause_of_a_foreseen_error_and_nothing_for_a_plain_one(
+    env: IdemConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import idem_platform.cli as cli
+    from idem_platform.errors import KafkaError
+
+    def unreachable(args: object) -> None:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as exc:
+            raise KafkaError("Kafka brokers 127.0.0.1:1 unreachable") from exc
+
+    monkeypatch.setattr(cli, "cmd_offsets", unreachable)
+    code, _, quiet = run(capsys, "offsets")
+    assert code == 1 and quiet == "idem: error: Kafka brokers 127.0.0.1:1 unreachable\n"
+    code, _, err = run(capsys, "-v", "offsets")
+    *trace, last = err.splitlines()
+    assert code == 1 and last == "idem: error: Kafka brokers 127.0.0.1:1 unreachable"
+    assert "ConnectionRefusedError: [Errno 111] Connection refused" in "\n".join(trace) and "in unreachable" in "\n".join(trace)
+    # A mistake the line says all about has no traceback to show, verbose or not.
+    code, _, err = run(capsys, "-v", "read", "nope")
+    assert code == 1 and err.count("\n") == 1 and err.startswith("idem: error: unknown record type 'nope'")
+
+
+def test_verbose_shows_a_failed_runs_recorded_error(
+    env: IdemConfig, spark: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import idem_platform.defs.filedrop.assets as assets
+
+    assert env.connector("threatfeed").path is not None
+    path = write_lines(env.connector("threatfeed").path / "v.ndjson", ['{"type":"malware","id":"v","name":"x"}'])
+
+    def failing_plan(*args: object, **kwargs: object) -> None:
+        raise ValueError("the planner broke")
+
+    monkeypatch.setattr(assets, "plan_batch", failing_plan)
+    code, _, quiet = run(capsys, "ingest", "--connector", "threatfeed", str(path))
+    # (before it, only what Dagster itself prints on a fresh DAGSTER_HOME: its telemetry notice)
+    assert code == 1 and quiet.splitlines()[-1] == "idem: error: threatfeed__ingest: ValueError: the planner broke"
+    assert "Traceback" not in quiet and "failing_plan" not in quiet and "Not executing" not in quiet
+    code, _, err = run(capsys, "ingest", "-v", "--connector", "threatfeed", str(path))
+    *trace, last = err.splitlines()
+    assert code == 1 and last == "idem: error: threatfeed__ingest: ValueError: the planner broke"
+    assert "in failing_plan" in "\n".join(trace) and 'raise ValueError("the planner broke")' in "\n".join(trace)

@@ -91,3 +91,22 @@ def test_partition_keys_are_relative_names_and_never_leave_the_drop_directory(tm
     for bad in ("/etc/passwd", "../secret.ndjson", "day/../../x", outside_a):
         with pytest.raises(ConfigError):
             path_for_partition(connector, bad)
+
+
+@pytest.mark.timeout(30)  # a plain open() of the FIFO would wait for a writer for ever
+def test_a_fifo_put_in_a_files_place_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Whoever looked before saw a regular file; a FIFO swapped in since must not hang the reader."""
+    import os
+
+    from idem_platform.errors import RefusedFileError
+
+    pipe = tmp_path / "feed.ndjson"
+    os.mkfifo(pipe)
+    with pytest.raises(RefusedFileError, match="a FIFO, not a regular file: refused"):
+        hash_file(pipe)
+    with pytest.raises(RefusedFileError, match="a FIFO, not a regular file: refused"):
+        files_module.open_regular(pipe)  # the check at open, after the stat said "regular"
+    regular = tmp_path / "ok.ndjson"
+    regular.write_bytes(b'{"id":1}\n')
+    with files_module.open_regular(regular) as handle:
+        assert handle.read() == b'{"id":1}\n'

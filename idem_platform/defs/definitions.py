@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import dagster as dg
@@ -14,6 +15,7 @@ from idem_platform.defs.maintenance import ledger_purge_job, ledger_purge_schedu
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.connection import POSTGRES_URL_ENV
+from idem_platform.redact import remember_url, url_secrets
 from idem_platform.spark.session import spark_config_for
 
 
@@ -31,10 +33,14 @@ def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dic
         config: the parsed idem.yaml.
         postgres_url: an explicit URL (tests, embedding); default ``IDEM_POSTGRES_URL``
             as a Dagster ``EnvVar`` (read at launch, hidden in the UI), else embedded.
+            An explicit URL with a password is handed over as an ``EnvVar`` too (see
+            :func:`_hidden_url`).
     """
     url: str | dg.EnvVar | None = postgres_url
     if url is None and os.environ.get(POSTGRES_URL_ENV):
         url = dg.EnvVar(POSTGRES_URL_ENV)
+    elif url is not None and url_secrets(url):
+        url = _hidden_url(url)
     postgres = PostgresResource.configure_at_launch(url=url)
     spark = SparkResource.configure_at_launch(
         spark_config=spark_config_for(config.spark_master(), dict(config.spark.conf))
@@ -47,8 +53,31 @@ def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dic
     }
 
 
-def build_definitions(config: IdemConfig, *, postgres_url: str | None = None) -> dg.Definitions:
+def _hidden_url(url: str) -> dg.EnvVar:
+    """An explicit URL with a password, as an environment variable Dagster reads at launch.
+
+    A plain value would be the resource's config default: Dagster stores it in the
+    job snapshot and the Launchpad shows it to everyone. An ``EnvVar`` shows only its
+    name. The variable is this process's own (``IDEM_POSTGRES_URL_<digest>``), so
+    two URLs in one process never overwrite each other.
+    """
+    name = f"{POSTGRES_URL_ENV}_{hashlib.sha256(url.encode()).hexdigest()[:12].upper()}"
+    if os.environ.get(POSTGRES_URL_ENV) == url:
+        name = POSTGRES_URL_ENV
+    os.environ[name] = url
+    remember_url(url)
+    return dg.EnvVar(name)
+
+
+def build_definitions(
+    config: IdemConfig, *, postgres_url: str | None = None, files_outside_drop_dir: bool = False
+) -> dg.Definitions:
     """Definitions for every connector in ``config`` plus the shared resources and schedules.
+
+    ``files_outside_drop_dir`` lets a file-drop ``ingest`` read files named anywhere:
+    only for ``idem ingest``, which builds its definitions in process for a user who
+    may read any file of their own. The code location (``dagster dev``, the daemon)
+    never sets it, so a run launched from the UI reads only its drop directory.
 
     Raises:
         ConfigError: a connector kind this version cannot run.
@@ -56,7 +85,7 @@ def build_definitions(config: IdemConfig, *, postgres_url: str | None = None) ->
     parts = []
     for connector in config.connectors:
         if connector.kind == "filedrop":
-            parts.append(filedrop_definitions(config, connector))
+            parts.append(filedrop_definitions(config, connector, files_outside_drop_dir=files_outside_drop_dir))
         elif connector.kind == "kafka":
             parts.append(kafka_definitions(config, connector))
         else:

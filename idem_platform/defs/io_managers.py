@@ -26,6 +26,7 @@ from idem_platform.commit.run import CommitRequest, commit_batch
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.defs.summary import REJECT_SAMPLE, summary_from_metadata, summary_metadata
 from idem_platform.pipeline import CoercedBatch, check_cluster_reach
+from idem_platform.redact import secrets_kept
 from idem_platform.rejects import list_rejects
 
 REPLAY_TAG = "idem/replay"
@@ -97,7 +98,8 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
             check_cluster_reach(self.spark.master, url)
             return self.spark.spark_session
 
-        summary = commit_batch(request, obj, spark, started=started)
+        with secrets_kept():  # Dagster stores what escapes here in the run's event log
+            summary = commit_batch(request, obj, spark, started=started)
         context.log.info(
             "commit %s: %d written, %d skipped, %d rejected%s",
             summary["commit_id"],

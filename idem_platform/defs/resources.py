@@ -17,6 +17,7 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
 from idem_platform.postgres import connect, ensure_schema, resolve_postgres_url
+from idem_platform.redact import remember_url, secrets_kept
 
 
 class PostgresResource(dg.ConfigurableResource):
@@ -28,27 +29,36 @@ class PostgresResource(dg.ConfigurableResource):
 
     url: str | None = Field(
         default=None,
-        description="libpq URL; unset = $IDEM_POSTGRES_URL, else the embedded server under .idem/",
+        description=(
+            "libpq URL; unset = $IDEM_POSTGRES_URL, else the embedded server under .idem/. A URL with "
+            "a password belongs in an environment variable ({env: MY_URL}): a value typed here is "
+            "stored with the run and shown to whoever opens it."
+        ),
     )
     _resolved: str | None = PrivateAttr(default=None)
 
     @property
     def resolved_url(self) -> str:
-        """The URL actually used (starting the embedded server if that is the default)."""
+        """The URL actually used (starting the embedded server if that is the default).
+
+        Its password is remembered for :func:`~idem_platform.redact.scrub`: libpq
+        echoes a URL it cannot parse whole, and Dagster would store that message.
+        """
         if self._resolved is None:
             self._resolved = resolve_postgres_url(self.url)
+            remember_url(self._resolved)
         return self._resolved
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        with connect(self.resolved_url, autocommit=True) as conn:
+        with secrets_kept(), connect(self.resolved_url, autocommit=True) as conn:
             applied = ensure_schema(conn)
         if applied and context.log:
             context.log.info("idem schema upgraded to versions %s", applied)
 
     @contextmanager
     def connection(self, *, autocommit: bool = False) -> Iterator[psycopg.Connection]:
-        """A short-lived connection (closed on exit)."""
-        with connect(self.resolved_url, autocommit=autocommit) as conn:
+        """A short-lived connection (closed on exit); a failure never shows the password."""
+        with secrets_kept(), connect(self.resolved_url, autocommit=autocommit) as conn:
             yield conn
 
 

@@ -15,15 +15,19 @@ from typing import Any
 
 import dagster as dg
 
+from idem_platform.redact import scrub
+
 
 class _OwnMessages(logging.Handler):
     """Writes ``<step>: <message>`` for messages the job's code logged, nothing else."""
 
     def emit(self, record: logging.LogRecord) -> None:
         meta: dict[str, Any] = getattr(record, "dagster_meta", None) or {}
-        if meta.get("dagster_event") is not None or record.levelno < logging.INFO:
+        if meta.get("dagster_event") is not None or not logging.INFO <= record.levelno < logging.ERROR:
+            # Errors are the run failing (Dagster's "Dependencies for step ... failed. Not
+            # executing." for each step after the failed one): the CLI says that in one line.
             return
-        message = meta.get("orig_message") or record.getMessage()
+        message = scrub(meta.get("orig_message") or record.getMessage())
         step = meta.get("step_key")
         sys.stderr.write(f"{step}: {message}\n" if step else f"{message}\n")
 

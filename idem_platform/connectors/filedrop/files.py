@@ -20,9 +20,10 @@ import zlib
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from idem_platform.errors import FileChangedError
+from idem_platform.connectors.filedrop.scan import kind_of, refused_text
+from idem_platform.errors import FileChangedError, RefusedFileError
 from idem_platform.keys import file_key_from_digest
 
 CHUNK_BYTES = 8 << 20
@@ -91,6 +92,9 @@ def hash_file(path: str | Path, *, max_split_bytes: int = 64 << 20, chunk_bytes:
     """
     path = Path(path)
     before = path.stat()
+    kind = kind_of(before.st_mode)
+    if kind is not None:
+        raise RefusedFileError(f"{path}: {refused_text(kind)}")
     memo = (os.fspath(path.resolve()), before.st_size, before.st_mtime_ns, before.st_ctime_ns, before.st_ino, max_split_bytes)
     if memo in _recent:
         _recent.move_to_end(memo)
@@ -103,6 +107,30 @@ def hash_file(path: str | Path, *, max_split_bytes: int = 64 << 20, chunk_bytes:
     return hashed
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading, unbuffered, if it is a regular file; never blocks.
+
+    Whoever checked the file before (the sensor's look, ``idem ingest``, the asset)
+    saw a regular file, but a FIFO may have been put in its place since: a plain
+    ``open`` would then wait for a writer for ever. ``O_NONBLOCK`` makes the open
+    return at once, and ``fstat`` on what was opened refuses anything not regular.
+
+    Raises:
+        RefusedFileError: it is not a regular file.
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        kind = kind_of(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise RefusedFileError(f"{path}: {refused_text(kind)}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _hash(path: Path, before: os.stat_result, max_split_bytes: int, chunk_bytes: int) -> DroppedFile:
     split_bytes = split_size_for(before.st_size, max_split_bytes)
     tail_bytes = max(MIN_SPLIT_BYTES, split_bytes // 4)
@@ -113,7 +141,7 @@ def _hash(path: Path, before: os.stat_result, max_split_bytes: int, chunk_bytes:
     split_start, split_first_line, crc = 0, 1, 0
     chunk_start = 0
     last_byte = b""
-    with path.open("rb", buffering=0) as handle:
+    with open_regular(path) as handle:
         while chunk := handle.read(chunk_bytes):
             sha.update(chunk)
             view = memoryview(chunk)

@@ -4,6 +4,7 @@ Partitioned by dropped file; run in one process (``in_process_executor``) so the
 Spark session is shared by the steps of a run.
 """
 
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -11,6 +12,7 @@ from pydantic import Field
 
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.connectors.batch import SourceBatch
+from idem_platform.connectors.filedrop.scan import named_file_refusal, refused_text
 from idem_platform.defs.connector.assets import (
     PLAN_IO_MANAGER,
     asset_keys,
@@ -21,6 +23,7 @@ from idem_platform.defs.filedrop.partitions import path_for_partition
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.pipeline import check_cluster_reach, plan_batch, prepare_tables
+from idem_platform.redact import secrets_kept
 
 
 class IngestConfig(dg.Config):
@@ -28,15 +31,73 @@ class IngestConfig(dg.Config):
 
     files: list[str] = Field(
         default_factory=list,
-        description="Files to ingest in one commit. Empty: the partition's file in the drop directory.",
+        description=(
+            "Files to ingest in one commit, each relative to the drop directory or absolute (what the "
+            "sensor passes). Every one must be a regular file inside the drop directory: a path "
+            "elsewhere, a '..' that climbs out, a symlink that leads out, a FIFO, a socket or a device "
+            "is refused and the run fails naming it, before anything is read. "
+            "Empty: the partition's file in the drop directory."
+        ),
+    )
+
+
+def files_to_read(
+    connector: ConnectorConfig, entries: list[str], partition_key: str | None, shown: str, *, files_outside_drop_dir: bool
+) -> list[Path]:
+    """The files a run reads: its config's ``files``, else its partition's file.
+
+    Confined to the drop directory (see :class:`IngestConfig`): whoever can launch a
+    run in the UI could otherwise have any file the code server can read ingested,
+    its lines shown back as rejects. ``files_outside_drop_dir`` is for the definitions
+    ``idem ingest`` builds in process, whose user may read any file of their own; no
+    run config can grant it.
+
+    Raises:
+        dg.Failure: naming the first entry refused (not retried: it would fail again).
+    """
+    if connector.path is None:
+        raise ValueError(f"connector {connector.name!r} has no drop directory")
+    if entries:
+        named = [(f"files[{i}] {entry!r}", entry) for i, entry in enumerate(entries)]
+    elif partition_key is not None:
+        named = [(f"partition {partition_key!r}", str(path_for_partition(connector, partition_key)))]
+    else:
+        raise dg.Failure(description="nothing to ingest: set the run config's files, or run a partition", allow_retries=False)
+    outside = None if files_outside_drop_dir else f"outside the drop directory ({shown})"
+    return [_checked(connector.path, label, entry, outside, shown) for label, entry in named]
+
+
+def _checked(directory: Path, label: str, entry: str, outside: str | None, shown: str) -> Path:
+    """``entry`` as an absolute path (a relative one is inside ``directory``), or a failure naming it."""
+    path = Path(os.path.abspath(directory / entry))  # an absolute entry replaces the directory
+    try:
+        reason = named_file_refusal(path, directory, outside=outside)
+    except FileNotFoundError:
+        raise _refused(label, entry, shown, "no such file", f"no such file in the drop directory ({shown})") from None
+    if reason is not None:
+        raise _refused(label, entry, shown, reason, refused_text(reason))
+    return path
+
+
+def _refused(label: str, entry: str, shown: str, reason: str, text: str) -> dg.Failure:
+    """The run's failure for one entry: one line in the UI, the entry and reason as metadata."""
+    return dg.Failure(
+        description=f"{label}: {text}",
+        metadata={"entry": entry, "reason": reason, "drop_directory": shown},
+        allow_retries=False,
     )
 
 
 def build_filedrop_assets(
-    idem_config: IdemConfig, connector: ConnectorConfig, partitions: dg.DynamicPartitionsDefinition
+    idem_config: IdemConfig,
+    connector: ConnectorConfig,
+    partitions: dg.DynamicPartitionsDefinition,
+    *,
+    files_outside_drop_dir: bool = False,
 ) -> list[dg.AssetsDefinition]:
-    """The asset factory: three assets per file-drop connector."""
+    """The asset factory: three assets per file-drop connector (``files_outside_drop_dir``: see :func:`files_to_read`)."""
     ingest_key, _, _ = asset_keys(connector)
+    shown = idem_config.shown(connector.path)
 
     @dg.asset(
         key=ingest_key,
@@ -46,7 +107,7 @@ def build_filedrop_assets(
         kinds={"spark", "file"},
         tags={"idem/connector": connector.name},
         description=(
-            f"Lines of the files dropped into {idem_config.shown(connector.path)} (next to the config "
+            f"Lines of the files dropped into {shown} (next to the config "
             "file). Hashes each file once, in chunks "
             "(file key, line count, line-aligned splits) and checks the ledger: files already "
             "committed are replays and are never read again. The lines themselves are read by "
@@ -56,10 +117,12 @@ def build_filedrop_assets(
     def ingest(
         context: dg.AssetExecutionContext, config: IngestConfig, postgres: PostgresResource, spark: SparkResource
     ) -> dg.Output[SourceBatch]:
-        check_cluster_reach(spark.master, postgres.resolved_url)  # fail at start, not at commit
-        paths = [Path(p) for p in config.files] or [path_for_partition(connector, context.partition_key)]
-        prepare_tables(postgres.resolved_url, idem_config, connector)
-        batch = plan_batch(postgres.resolved_url, connector, paths)
+        partition = context.partition_key if context.has_partition_key else None
+        paths = files_to_read(connector, config.files, partition, shown, files_outside_drop_dir=files_outside_drop_dir)
+        with secrets_kept():
+            check_cluster_reach(spark.master, postgres.resolved_url)  # fail at start, not at commit
+            prepare_tables(postgres.resolved_url, idem_config, connector)
+            batch = plan_batch(postgres.resolved_url, connector, paths)
         context.log.info(
             "%d file(s), %d lines; %d already committed",
             len(batch.units), sum(u.records for u in batch.units), len(batch.replayed),

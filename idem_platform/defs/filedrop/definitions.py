@@ -12,10 +12,13 @@ from idem_platform.defs.filedrop.partitions import partitions_for
 from idem_platform.defs.filedrop.sensors import build_filedrop_sensor
 
 
-def filedrop_definitions(config: IdemConfig, connector: ConnectorConfig) -> dg.Definitions:
-    """Assets, checks, the ingest job and the sensor of ``connector``."""
+def filedrop_definitions(
+    config: IdemConfig, connector: ConnectorConfig, *, files_outside_drop_dir: bool = False
+) -> dg.Definitions:
+    """Assets, checks, the ingest job and the sensor of ``connector``
+    (``files_outside_drop_dir``: see :func:`~idem_platform.defs.filedrop.assets.files_to_read`)."""
     partitions = partitions_for(connector)
-    assets = build_filedrop_assets(config, connector, partitions)
+    assets = build_filedrop_assets(config, connector, partitions, files_outside_drop_dir=files_outside_drop_dir)
     ingest_key, coerced_key, committed_key = asset_keys(connector)
     checks = build_checks(connector, coerced_key, committed_key, partitions)
     job = dg.define_asset_job(

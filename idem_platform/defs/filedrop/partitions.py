@@ -46,7 +46,7 @@ def path_for_partition(connector: ConnectorConfig, partition_key: str) -> Path:
 
     Raises:
         ConfigError: the key is absolute, climbs out with ``..``, or names a file that
-            was ingested from outside the drop directory (its run config names it).
+            was ingested from outside the drop directory (only ``idem ingest`` reads those).
     """
     if connector.path is None:
         raise ValueError(f"connector {connector.name!r} has no drop directory")
@@ -56,6 +56,7 @@ def path_for_partition(connector: ConnectorConfig, partition_key: str) -> Path:
     if candidate.parts[:1] == ("external",):
         raise ConfigError(
             f"partition {partition_key!r} is a file ingested from outside the drop directory: "
-            "launch it with the ingest asset's config `files: [<its path>]`"
+            f"ingest it again with `idem ingest --connector {connector.name} <its path>` (the ingest "
+            "asset's config reads only files inside the drop directory)"
         )
     return connector.path / candidate

@@ -28,7 +28,7 @@ from idem_platform.connectors.filedrop.files import hash_file
 from idem_platform.connectors.filedrop.scan import look
 from idem_platform.defs.filedrop.partitions import partition_key_for
 from idem_platform.defs.resources import PostgresResource
-from idem_platform.errors import FileChangedError
+from idem_platform.errors import FileChangedError, RefusedFileError
 from idem_platform.keys import file_key_from_digest
 from idem_platform.ledger import Ledger, LedgerEntry, next_attempt
 
@@ -135,8 +135,8 @@ def build_filedrop_sensor(
             if settled and sha is None and time.monotonic() < budget_end:
                 try:
                     sha = hash_file(directory / relative, max_split_bytes=connector.split_bytes).sha256
-                except (FileChangedError, FileNotFoundError):
-                    settled = False
+                except (FileChangedError, FileNotFoundError, RefusedFileError):
+                    settled = False  # changed, gone, or swapped for a FIFO since the look: the next look decides
             files[relative] = [*now.stamp, sha]
             if settled and sha is not None:
                 ready[relative] = sha

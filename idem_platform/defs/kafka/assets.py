@@ -20,6 +20,7 @@ from idem_platform.defs.connector.assets import (
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.pipeline import check_cluster_reach, plan_batch, prepare_tables
+from idem_platform.redact import secrets_kept
 
 
 class KafkaRange(dg.Config):
@@ -63,10 +64,11 @@ def build_kafka_assets(idem_config: IdemConfig, connector: ConnectorConfig) -> l
     def ingest(
         context: dg.AssetExecutionContext, config: KafkaIngestConfig, postgres: PostgresResource, spark: SparkResource
     ) -> dg.Output[SourceBatch]:
-        check_cluster_reach(spark.master, postgres.resolved_url)  # fail at start, not at commit
-        prepare_tables(postgres.resolved_url, idem_config, connector)
         requests = [RangeRequest(r.topic, r.partition, r.start, r.end) for r in config.ranges] or None
-        batch = plan_batch(postgres.resolved_url, connector, ranges=requests)
+        with secrets_kept():  # neither the URL's password nor client_config's secrets in the run log
+            check_cluster_reach(spark.master, postgres.resolved_url)  # fail at start, not at commit
+            prepare_tables(postgres.resolved_url, idem_config, connector)
+            batch = plan_batch(postgres.resolved_url, connector, ranges=requests)
         context.log.info(
             "%d range(s), %d offsets; %d already committed%s",
             len(batch.units), sum(u.records for u in batch.units), len(batch.replayed),
