@@ -69,7 +69,8 @@ class ColumnType:
     def arrow(self) -> pa.DataType:
         """The Arrow type of the coerced column (DESIGN §3)."""
         if self.kind == "vector":
-            assert self.dim is not None
+            if self.dim is None:  # parse_type always sets it; a hand-built type may not
+                raise ValueError("a vector type needs its dimension: vector(N)")
             return pa.list_(pa.float32(), self.dim)
         return _ARROW[self.kind]
 

@@ -261,3 +261,45 @@ def test_every_connection_has_tcp_keepalives(pg_url: str) -> None:
     with connect(f"{pg_url}{'&' if '?' in pg_url else '?'}keepalives_idle=7") as conn:
         options = {o.keyword.decode(): (o.val or b"").decode() for o in conn.pgconn.info}
     assert options["keepalives_idle"] == "7"  # the URL's own setting wins
+
+
+def commit_once_blocked(url: str, other: psycopg.Connection, timeout: float = 120) -> None:
+    """Commit ``other`` as soon as idem's promoting connection waits for a lock."""
+    deadline = time.monotonic() + timeout
+    with connect(url, autocommit=True) as probe:
+        while time.monotonic() < deadline:
+            waiting = probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem-commit' AND wait_event_type = 'Lock'"
+            ).fetchone()
+            if waiting and waiting[0]:
+                break
+            time.sleep(0.05)
+    other.commit()
+
+
+def test_a_key_another_writer_commits_meanwhile_is_skipped_not_duplicated(
+    pg_url: str, feeds: IdemConfig, spark: Any
+) -> None:
+    from idem_platform.canonical import canonical_bytes
+    from idem_platform.keys import record_key_of
+
+    lines = records("c", 200)
+    file = write_lines(drop_path(feeds, "feed-a", "contested.ndjson"), lines)
+    contested = json.loads(lines[150])
+    key = record_key_of("feed-a", "indicator", contested["id"], canonical_bytes(contested))
+    with connect(pg_url) as other:  # another writer: the key inserted, its transaction still open
+        other.execute(
+            "INSERT INTO idem.indicator (_idempotency_key, _connector, _record_type, _external_id, _content_hash, "
+            "_schema_version, _commit_id, _ingested_at, _payload, name) "
+            "VALUES (%s, 'feed-b', 'indicator', %s, 'x', 1, %s, now(), '{}', 'theirs')",
+            [key, contested["id"], str(uuid.uuid4())],
+        )
+        waiter = threading.Thread(target=commit_once_blocked, args=(pg_url, other))
+        waiter.start()  # it commits once this run's insert waits on the key
+        summary = ingest(pg_url, feeds, spark, "feed-a", file)
+        waiter.join()
+    assert (summary["rows_written"], summary["rows_skipped"]) == (199, 1)
+    assert summary["timings"]["streaming_stopped"].startswith("UniqueViolation")
+    with connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*), count(DISTINCT _idempotency_key) FROM idem.indicator").fetchone() == (200, 200)
+        assert conn.execute("SELECT name FROM idem.indicator WHERE _idempotency_key = %s", [key]).fetchone() == ("theirs",)

@@ -1,15 +1,15 @@
 """The one promoting transaction of a commit (DESIGN §5).
 
-Runs on the driver once every slice is staged (staging takes no lock on the
-target tables). In one PostgreSQL transaction it:
+Opened on the driver when the first slice is staged, it streams each slice's
+accepted attempt into the target tables while later slices are still being
+staged, holding no table lock beyond the ``ROW EXCLUSIVE`` of any ``INSERT``
+(readers and other writers go on). The promote, once every slice is staged:
 
 1. re-checks the ledger rows of the batch's units under ``FOR UPDATE`` (still
    ``in_progress`` and owned by this commit, or nothing is promoted);
-2. takes ``SHARE ROW EXCLUSIVE`` on the record tables (concurrent commits to the
-   same tables serialise their promotes; readers are never blocked), then per
-   record type widens the table for new fields and inserts the staged rows of
-   the *accepted* attempts only, first occurrence per key, skipping keys
-   already present;
+2. per record type, widens the table for new fields (the only lock readers
+   wait for) and inserts what streaming left, first occurrence per key,
+   skipping keys already present;
 3. runs the source's commit step (the Kafka offsets' compare-and-set: if
    another run moved them, nothing commits), then records rejects, the
    execution log, the ``commits`` row and the ledger results;
@@ -17,8 +17,9 @@ target tables). In one PostgreSQL transaction it:
 
 A crash before COMMIT leaves nothing visible; a retry after COMMIT finds the
 ledger committed and replays. The insert is a single write into the target:
-the anti-join under the table lock already excludes existing keys, so no
-``ON CONFLICT`` speculative insertion is paid per row.
+an anti-join excludes committed keys, so no ``ON CONFLICT`` speculative
+insertion is paid per row, unless another writer's keys collided with ours
+(see :class:`Promotion`).
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def _insert_rows(
     evolution: _Evolution,
     *,
     unique_keys: bool = False,
+    on_conflict: bool = False,
 ) -> int:
     typed = [c.name for c in spec.columns]
     target = [
@@ -190,8 +192,11 @@ def _insert_rows(
         "SELECT {distinct}{select} FROM {stage} s "
         "WHERE NOT EXISTS "
         "(SELECT 1 FROM {target} t WHERE t._idempotency_key = s._idempotency_key)"
-        "{order}"
+        "{order}{conflict}"
     ).format(
+        # Another writer's keys, committed after this statement's snapshot or not yet
+        # committed: wait for it and skip them (only after streaming met a conflict).
+        conflict=sql.SQL(" ON CONFLICT (_idempotency_key) DO NOTHING") if on_conflict else sql.SQL(""),
         distinct=sql.SQL("") if unique_keys else sql.SQL("DISTINCT ON (s._idempotency_key) "),
         order=first_per_key,
         target=table_ident(record_type),
@@ -240,24 +245,37 @@ def _insert_attempt_rejects(conn: psycopg.Connection, plan: CommitPlan, stage: s
     return conn.execute(statement, params).rowcount
 
 
+# What ends streaming: another writer committed one of our keys first (unique
+# violation), two writers wait on each other's keys, or a lock wait ran out.
+_STREAM_CONFLICTS = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected, psycopg.errors.LockNotAvailable)
+
+
 class Promotion:
-    """The one promoting transaction, run once every slice is staged.
+    """The one promoting transaction of a commit, fed each slice's accepted attempt.
 
-    Slices are fed as their accepted attempts report (:meth:`add` only notes
-    them); :meth:`finish` opens the transaction, so the target tables are locked
-    only while rows move from staging into them, never while Spark reads and
-    stages. Two connectors routing to one table stage side by side and promote
-    one after the other; readers of a table wait at most for the ``ALTER
-    TABLE`` of an evolving promote, never for a Spark job.
+    **Streaming.** As slices are staged, their rows are inserted into the target
+    tables inside the one open transaction, so PostgreSQL's insert work overlaps
+    the executors' work. No table lock is taken for it beyond the ``ROW
+    EXCLUSIVE`` every ``INSERT`` holds, which blocks neither readers nor other
+    writers: two connectors routing to one table stream side by side. Nothing is
+    visible before :meth:`finish` commits.
 
-    Locks are taken in one order everywhere (:mod:`idem_platform.postgres.tables`
-    follows it too): the batch's ledger rows (sorted by key), then the target
-    tables (sorted by name), then catalog rows, then the source's own rows
-    (Kafka offsets). Each wait is bounded by ``plan.lock_timeout_seconds`` and
-    ends in a :class:`LockTimeout` (transient: the sensor retries).
+    **The promote** (:meth:`finish`) re-checks the claim (ledger rows ``FOR
+    UPDATE``), adds the columns new fields need (``ALTER TABLE`` in short tries:
+    the only lock that makes readers wait, held from there to COMMIT), inserts
+    what streaming left (a record type stops streaming at the first slice that
+    needs a new column, so the earliest slice still wins a repeated key), records
+    everything and commits. Strong locks are taken in one order everywhere
+    (:mod:`idem_platform.postgres.tables` follows it too): ledger rows by key,
+    tables by name, catalog rows, then the source's rows (Kafka offsets). Every
+    wait is bounded by ``plan.lock_timeout_seconds`` and ends in a
+    :class:`LockTimeout` (transient: the sensor retries).
 
-    The earliest slice wins a repeated key, and inside a slice the earliest
-    record. Leaving the ``with`` block on an exception rolls everything back.
+    **Conflicts.** Another writer may hold or commit one of our keys meanwhile:
+    streaming then gets a unique violation (or a deadlock, or a lock wait runs
+    out). The transaction is rolled back and the promote inserts every slice
+    again from the staging tables (they live until COMMIT) with ``ON CONFLICT
+    DO NOTHING``, which waits for the other writer and skips its keys.
 
     Use::
 
@@ -271,31 +289,49 @@ class Promotion:
         self.conn = conn
         self.plan = plan
         self.accepted: dict[int, StagedAttempt] = {}
-        self.staged = dict.fromkeys(plan.tables, 0)
-        self.written = dict.fromkeys(plan.tables, 0)
-        self.added: dict[str, list[str]] = {rt: [] for rt in plan.tables}
-        self.to_props: dict[str, list[str]] = {rt: [] for rt in plan.tables}
-        self.budget = MAX_NEW_COLUMNS
         self.max_timestamps: dict[str, int] = {}  # unit id -> newest source timestamp read (ms)
+        self.streaming = True  # until a conflict: then everything is inserted at the promote
+        self.conflict: str | None = None  # what ended streaming, for the result's timings
         self.insert_seconds = 0.0
         self.lock_seconds = 0.0
         self._transaction: Any = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget what was inserted (the transaction that held it rolled back)."""
+        self.written = dict.fromkeys(self.plan.tables, 0)
+        self.added: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}
+        self.to_props: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}
+        self.budget = MAX_NEW_COLUMNS
+        self.inserted: set[tuple[str, int]] = set()  # (record type, partition) already inserted
+        self.deferred: set[str] = set()  # record types left to the promote (a new column is needed)
+        self.filled: set[str] = set()  # record types whose evolved columns got values
 
     def __enter__(self) -> Promotion:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._transaction is not None:
-            self._transaction.__exit__(*exc)
+            transaction, self._transaction = self._transaction, None
+            transaction.__exit__(*exc)
 
     def add(self, message: StagedAttempt) -> None:
-        """Note one slice's accepted attempt (the first report of each slice wins)."""
+        """Take one slice's accepted attempt (the first report of each slice wins) and
+        stream its rows into the target tables."""
         if message.partition in self.accepted:
             return  # a second report of a partition (speculation): its rows are not ours
         self.accepted[message.partition] = message
         for index, stamp in message.max_timestamps.items():
             unit = self.plan.units[index].id
             self.max_timestamps[unit] = max(stamp, self.max_timestamps.get(unit, stamp))
+        if not self.streaming:
+            return
+        started = time.monotonic()
+        try:
+            self._stream(message)
+        except _STREAM_CONFLICTS as exc:
+            self._stop_streaming(exc)
+        self.insert_seconds += time.monotonic() - started
 
     @property
     def records_staged(self) -> int:
@@ -303,7 +339,6 @@ class Promotion:
         return sum(sum(m.rows.values()) + sum(m.repeats.values()) for m in self.accepted.values())
 
     def _begin(self) -> None:
-        """Open the transaction, re-check the claim, lock the target tables in name order."""
         self._transaction = self.conn.transaction()
         self._transaction.__enter__()
         # The first-occurrence sort of a slice's wide rows fits in memory at this size.
@@ -313,46 +348,64 @@ class Promotion:
         self.conn.execute("SET LOCAL enable_hashjoin = off")
         self.conn.execute("SET LOCAL enable_mergejoin = off")
         _set_lock_timeout(self.conn, self.plan.lock_timeout_seconds)
-        waited = time.monotonic()
-        with _lock_wait(self.plan, "the batch's ledger rows"):
-            _claim(self.conn, self.plan)
-        for record_type in sorted(self.plan.tables):
-            with _lock_wait(self.plan, f"table idem.{record_type}"):
-                self.conn.execute(
-                    sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(table_ident(record_type))
-                )
-        self.lock_seconds = time.monotonic() - waited
 
-    def _promote_rows(self, chosen: list[StagedAttempt]) -> None:
-        """Per record type (in name order): widen the table once for the batch's new
-        fields, then insert each accepted attempt's rows in slice order."""
-        started = time.monotonic()
-        catalog: list[tuple[str, TableSpec]] = []
+    def _stage(self, record_type: str, message: StagedAttempt) -> sql.Composed:
+        return staged_ident(attempt_table(self.plan.staging_table(record_type), message.attempt))
+
+    def _stream(self, message: StagedAttempt) -> None:
+        if self._transaction is None:
+            self._begin()
         for record_type in sorted(self.plan.tables):
-            spec = self.plan.tables[record_type]
-            stages = []
-            for message in chosen:
-                self.staged[record_type] += message.repeats.get(record_type, 0)
-                if message.rows.get(record_type, 0):
-                    self.staged[record_type] += message.rows[record_type]
-                    stage = staged_ident(attempt_table(self.plan.staging_table(record_type), message.attempt))
-                    stages.append((stage, message))
+            if not message.rows.get(record_type, 0) or record_type in self.deferred:
+                continue
+            stage = self._stage(record_type, message)
             evolution = _Evolution()
-            if self.plan.evolve and any(m.with_extra.get(record_type, 0) for _, m in stages):
-                keys: dict[str, None] = {}
-                for stage, message in stages:
-                    if message.with_extra.get(record_type, 0):
-                        keys.update(dict.fromkeys(_extra_keys(self.conn, stage)))
-                evolution = self._evolve(record_type, list(keys))
-                if evolution.fill:
-                    catalog.append((record_type, spec))
-            for stage, message in stages:
-                self.written[record_type] += _insert_rows(
-                    self.conn, self.plan, record_type, spec, stage, evolution, unique_keys=message.unique_keys
-                )
-        for record_type, spec in catalog:  # catalog rows after every table lock (the one lock order)
-            record_catalog(self.conn, effective_spec(spec, existing_columns(self.conn, record_type)))
-        self.insert_seconds = time.monotonic() - started
+            if self.plan.evolve and message.with_extra.get(record_type, 0):
+                known = self._evolution_without_columns(record_type, _extra_keys(self.conn, stage))
+                if known is None:
+                    self.deferred.add(record_type)  # the promote adds the columns, then inserts
+                    continue
+                evolution = known
+            self._insert(record_type, stage, message, evolution)
+
+    def _stop_streaming(self, exc: BaseException) -> None:
+        """Roll back what streaming inserted; the promote inserts it all again, conflict-safe."""
+        self.streaming = False
+        self.conflict = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        transaction, self._transaction = self._transaction, None
+        if transaction is not None:
+            transaction.__exit__(type(exc), exc, exc.__traceback__)
+        self._reset()
+
+    def _insert(self, record_type: str, stage: sql.Composed, message: StagedAttempt, evolution: _Evolution) -> None:
+        with _lock_wait(self.plan, f"table idem.{record_type}", streaming=self.streaming):
+            self.written[record_type] += _insert_rows(
+                self.conn,
+                self.plan,
+                record_type,
+                self.plan.tables[record_type],
+                stage,
+                evolution,
+                unique_keys=message.unique_keys,
+                on_conflict=not self.streaming,
+            )
+        self.inserted.add((record_type, message.partition))
+        if evolution.fill:
+            self.filled.add(record_type)
+        for key in evolution.to_props:
+            if key not in self.to_props[record_type]:
+                self.to_props[record_type].append(key)
+
+    def _evolution_without_columns(self, record_type: str, keys: list[str]) -> _Evolution | None:
+        """Where unknown fields go when no column has to be added; ``None`` if one has."""
+        result = _Evolution()
+        columns = existing_columns(self.conn, record_type)
+        for key in keys:
+            type_ = columns.get(key)
+            if type_ is None:
+                return None
+            (result.fill if type_ == STRING.postgres else result.to_props).append(key)
+        return result
 
     def _evolve(self, record_type: str, keys: list[str]) -> _Evolution:
         """What each unknown field becomes: a text column (added now, within the budget) or ``props``."""
@@ -369,9 +422,39 @@ class Promotion:
                 result.fill.append(key)
             else:
                 result.to_props.append(key)
-                if key not in self.to_props[record_type]:
-                    self.to_props[record_type].append(key)
         return result
+
+    def _promote_rest(self, chosen: list[StagedAttempt]) -> None:
+        """Inside the promote: re-check the claim, then per record type (in name order)
+        add the columns its remaining slices need and insert them in slice order."""
+        if self._transaction is None:
+            self._begin()
+        waited = time.monotonic()
+        with _lock_wait(self.plan, "the batch's ledger rows"):
+            _claim(self.conn, self.plan)
+        self.lock_seconds = time.monotonic() - waited
+        started = time.monotonic()
+        for record_type in sorted(self.plan.tables):
+            stages = [
+                (self._stage(record_type, m), m)
+                for m in chosen
+                if m.rows.get(record_type, 0) and (record_type, m.partition) not in self.inserted
+            ]
+            if not stages:
+                continue
+            evolution = _Evolution()
+            if self.plan.evolve and any(m.with_extra.get(record_type, 0) for _, m in stages):
+                keys: dict[str, None] = {}
+                for stage, message in stages:
+                    if message.with_extra.get(record_type, 0):
+                        keys.update(dict.fromkeys(_extra_keys(self.conn, stage)))
+                evolution = self._evolve(record_type, list(keys))
+            for stage, message in stages:
+                self._insert(record_type, stage, message, evolution)
+        for record_type in sorted(self.filled):  # catalog rows after the tables (the one lock order)
+            spec = self.plan.tables[record_type]
+            record_catalog(self.conn, effective_spec(spec, existing_columns(self.conn, record_type)))
+        self.insert_seconds += time.monotonic() - started
 
     def finish(self) -> dict[str, Any]:
         """Promote, check the batch, record everything, commit. Returns the commit's result.
@@ -379,17 +462,18 @@ class Promotion:
         Raises:
             TransientError: a partition never reported (nothing is committed).
             ClaimLost: another run owns or committed the units (nothing is committed).
-            LockTimeout: a target table stayed locked past ``lock_timeout_seconds``.
+            LockTimeout: a lock stayed held by another session past ``lock_timeout_seconds``.
             RejectRatioExceeded: the batch is over ``max_reject_ratio``.
         """
         plan = self.plan
         chosen = accepted_attempts(plan, list(self.accepted.values()))
         rejected = sum(a.rejected for a in chosen)
-        staged = sum(sum(a.rows.values()) + sum(a.repeats.values()) for a in chosen)
-        total = staged + rejected
+        staged = {rt: sum(a.rows.get(rt, 0) + a.repeats.get(rt, 0) for a in chosen) for rt in plan.tables}
+        total = sum(staged.values()) + rejected
         if total and rejected / total > plan.max_reject_ratio:
-            with self.conn.transaction():
-                reasons = _reject_reasons(self.conn, plan, chosen)
+            if self._transaction is None:
+                self._begin()
+            reasons = _reject_reasons(self.conn, plan, chosen)
             raise RejectRatioExceeded(
                 f"{rejected} of {total} records rejected ({rejected / total:.1%}), above "
                 f"max_reject_ratio {plan.max_reject_ratio}; nothing was committed. First reasons: "
@@ -398,8 +482,13 @@ class Promotion:
                 total=total,
                 reasons=reasons,
             )
-        self._begin()
-        self._promote_rows(chosen)
+        try:
+            self._promote_rest(chosen)
+        except _STREAM_CONFLICTS as exc:
+            if not self.streaming:
+                raise
+            self._stop_streaming(exc)
+            self._promote_rest(chosen)
         checkpoint("before_promote")
         with _lock_wait(plan, "the source's committed offsets"):
             moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
@@ -409,15 +498,21 @@ class Promotion:
         tables = {
             rt: {
                 "written": self.written[rt],
-                "skipped": self.staged[rt] - self.written[rt],
+                "skipped": staged[rt] - self.written[rt],
                 "new_columns": self.added[rt],
                 "to_props": self.to_props[rt],
             }
             for rt in sorted(plan.tables)
-            if self.staged[rt]
+            if staged[rt]
         }
         rows_written = sum(self.written.values())
-        idempotent_skips = sum(self.staged.values()) - rows_written
+        idempotent_skips = sum(staged.values()) - rows_written
+        timings: dict[str, Any] = {
+            "lock_wait_seconds": round(self.lock_seconds, 3),
+            "insert_seconds": round(self.insert_seconds, 3),
+        }
+        if self.conflict:
+            timings["streaming_stopped"] = self.conflict
         result = {
             "commit_id": plan.commit_id,
             "connector": plan.connector,
@@ -430,7 +525,7 @@ class Promotion:
             **sources_of(plan.sources()),
             "tables": tables,
             "schema_versions": {rt: plan.tables[rt].schema_version for rt in sorted(plan.tables)},
-            "timings": {"lock_wait_seconds": round(self.lock_seconds, 3), "insert_seconds": round(self.insert_seconds, 3)},
+            "timings": timings,
         }
         valid_through = moved.pop("valid_through", None)
         result.update(moved)
@@ -445,8 +540,8 @@ class Promotion:
         drop_tables(self.conn, _promoted_tables(plan, chosen))
         checkpoint("during_promote")
         finishing = time.monotonic()
-        self._transaction.__exit__(None, None, None)
-        self._transaction = None
+        transaction, self._transaction = self._transaction, None
+        transaction.__exit__(None, None, None)
         result["timings"]["commit_seconds"] = round(time.monotonic() - finishing, 3)
         checkpoint("after_promote")
         _drop_leftovers(self.conn, plan)
@@ -491,11 +586,14 @@ def _add_column_politely(conn: psycopg.Connection, plan: CommitPlan, record_type
 
 
 @contextmanager
-def _lock_wait(plan: CommitPlan, what: str) -> Iterator[None]:
-    """Turn a lock timeout into a transient error that names what was locked."""
+def _lock_wait(plan: CommitPlan, what: str, *, streaming: bool = False) -> Iterator[None]:
+    """Turn a lock timeout into a transient error that names what was locked
+    (while streaming, the timeout only ends streaming: the promote tries again)."""
     try:
         yield
     except psycopg.errors.LockNotAvailable as exc:
+        if streaming:
+            raise
         raise LockTimeout(
             f"waited {plan.lock_timeout_seconds:g} s for the lock on {what}: another session holds it "
             "(see pg_locks / pg_stat_activity); nothing was committed, the next attempt retries"
