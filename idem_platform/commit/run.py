@@ -43,6 +43,7 @@ from idem_platform.ledger import (
 )
 from idem_platform.pipeline import CoercedBatch, read_ledger, record_spec
 from idem_platform.postgres.connection import connect
+from idem_platform.redact import remember_url, scrub
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -167,11 +168,16 @@ def _claim(conn: psycopg.Connection, request: CommitRequest, batch: SourceBatch,
 
 
 def _record_failure(request: CommitRequest, keys: list[str], owner: str, error: errors.IdemError) -> None:
+    """Record the failure in the units' ledger rows (its message scrubbed of credentials:
+    libpq may echo a URL, and the ledger is read by the sensor and shown in the UI)."""
+    remember_url(request.url)
+    recorded = error.to_json()
+    recorded["message"] = scrub(str(recorded.get("message", "")))
     with connect(request.url) as conn, conn.transaction():
         ledger = Ledger(conn, request.connector.name, replay_window=request.replay_window)
         for key in keys:
             try:
-                ledger.fail_permanent(key, error.to_json(), owner=owner)
+                ledger.fail_permanent(key, recorded, owner=owner)
             except Exception:  # noqa: BLE001 - the row is committed or taken over: leave it
                 pass
 
