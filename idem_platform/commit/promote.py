@@ -267,7 +267,8 @@ class Promotion:
     needs a new column, so the earliest slice still wins a repeated key), records
     everything and commits. Strong locks are taken in one order everywhere
     (:mod:`idem_platform.postgres.tables` follows it too): ledger rows by key,
-    tables by name, catalog rows, then the source's rows (Kafka offsets). Every
+    catalog rows by record type, tables by name, then the source's rows (Kafka
+    offsets). Every
     wait is bounded by ``plan.lock_timeout_seconds`` and ends in a
     :class:`LockTimeout` (transient: the sensor retries).
 
@@ -434,24 +435,34 @@ class Promotion:
             _claim(self.conn, self.plan)
         self.lock_seconds = time.monotonic() - waited
         started = time.monotonic()
+        work: dict[str, tuple[list[tuple[sql.Composed, StagedAttempt]], list[str]]] = {}
         for record_type in sorted(self.plan.tables):
             stages = [
                 (self._stage(record_type, m), m)
                 for m in chosen
                 if m.rows.get(record_type, 0) and (record_type, m.partition) not in self.inserted
             ]
-            if not stages:
-                continue
-            evolution = _Evolution()
-            if self.plan.evolve and any(m.with_extra.get(record_type, 0) for _, m in stages):
-                keys: dict[str, None] = {}
+            keys: dict[str, None] = {}
+            if self.plan.evolve:
                 for stage, message in stages:
                     if message.with_extra.get(record_type, 0):
                         keys.update(dict.fromkeys(_extra_keys(self.conn, stage)))
-                evolution = self._evolve(record_type, list(keys))
+            if stages:
+                work[record_type] = (stages, list(keys))
+        # The one lock order: catalog rows, then tables, each by name. The catalog rows
+        # of the record types that may change are locked before any ALTER TABLE.
+        evolving = sorted(rt for rt, (_, keys) in work.items() if keys)
+        if evolving:
+            with _lock_wait(self.plan, "the catalog rows of " + ", ".join(evolving)):
+                self.conn.execute(
+                    f"SELECT 1 FROM {SCHEMA}.catalog WHERE record_type = ANY(%s) ORDER BY record_type FOR UPDATE",
+                    [evolving],
+                )
+        for record_type, (stages, keys) in work.items():
+            evolution = self._evolve(record_type, keys) if keys else _Evolution()
             for stage, message in stages:
                 self._insert(record_type, stage, message, evolution)
-        for record_type in sorted(self.filled):  # catalog rows after the tables (the one lock order)
+        for record_type in sorted(self.filled):
             spec = self.plan.tables[record_type]
             record_catalog(self.conn, effective_spec(spec, existing_columns(self.conn, record_type)))
         self.insert_seconds += time.monotonic() - started
@@ -574,7 +585,7 @@ def _add_column_politely(conn: psycopg.Connection, plan: CommitPlan, record_type
                 _set_lock_timeout(conn, min(ALTER_TRY_SECONDS, plan.lock_timeout_seconds))
                 add_column(conn, record_type, column)
             break
-        except psycopg.errors.LockNotAvailable as exc:
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
             if time.monotonic() >= deadline:
                 raise LockTimeout(
                     f"waited {plan.lock_timeout_seconds:g} s to add column {column.name!r} to table "

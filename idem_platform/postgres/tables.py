@@ -99,8 +99,8 @@ def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[s
 
     Runs in its own transaction under the DDL advisory lock, and keeps the
     commit's lock order (:class:`idem_platform.commit.promote.Promotion`):
-    tables in name order first, then their catalog rows, so a promote that
-    widens a table and this sync can never wait on each other in a cycle.
+    catalog rows, then tables, each in name order, so a promote that widens a
+    table and this sync never wait on each other in a cycle.
 
     Raises:
         ConfigError: a declared column exists with another type.
@@ -108,6 +108,10 @@ def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[s
     effective: dict[str, TableSpec] = {}
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_ID])
+        conn.execute(
+            f"SELECT 1 FROM {SCHEMA}.catalog WHERE record_type = ANY(%s) ORDER BY record_type FOR UPDATE",
+            [sorted(specs)],
+        )
         for name in sorted(specs):
             spec = specs[name]
             columns = existing_columns(conn, name)
