@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/threatfeed/idem.yaml
 
-.PHONY: install demo test test-fast dev bench bench-curve bench-kafka kafka-broker lint stop-postgres clean
+.PHONY: install demo test test-fast fuzz dev bench bench-curve bench-kafka kafka-broker lint stop-postgres clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not cluster"
+
+## fuzz: the line reader, parser and coercion on many more generated inputs than CI runs (no Spark, no PostgreSQL)
+fuzz: install
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider --timeout=0 idem_platform_tests/test_fuzz.py $(ARGS)
 
 ## dev: embedded PostgreSQL + dagster dev on the example
 dev: install

@@ -18,6 +18,10 @@ The guard (:func:`_exact`) looks at the fast output only; it may send a
 record down the slow path without need (``0.0000`` inside a string), never the
 other way. ``idem_platform_tests/test_canonical.py`` fuzzes the two paths against each
 other and the spec vectors pin the result.
+
+Both parsers keep the last value of a key an object repeats, silently;
+:func:`repeated_key` finds such a key (the line is then a reject) by comparing
+the raw line with its canonical form, and re-parses only when they disagree.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from __future__ import annotations
 import codecs
 import json
 import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -95,18 +102,32 @@ def canonical_bytes(obj: Any) -> bytes:
         raise InvalidJSON(str(exc)) from exc
 
 
-def parse_json_slow(data: bytes) -> Any:
-    """Parse with :mod:`json`: exact big integers, NaN/Infinity refused."""
+def parse_json_slow(data: bytes, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+    """Parse with :mod:`json`: exact big integers, NaN/Infinity refused.
+
+    ``object_pairs_hook`` sees every object's pairs before they become a dict
+    (:func:`repeated_key` uses it: a dict has already dropped a repeated key).
+    """
+    if data.endswith(b"\n"):
+        # A line's "\n" is no part of it (the last line of a file has none): an error
+        # found at the end of the text must read the same either way.
+        data = data[:-1]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidJSON(f"invalid UTF-8 at byte {exc.start}") from exc
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=object_pairs_hook)
     except RecursionError as exc:
         raise InvalidJSON("nesting too deep") from exc
     except json.JSONDecodeError as exc:
         raise InvalidJSON(f"{exc.msg} at column {exc.colno}") from exc
+    except InvalidJSON:
+        raise  # NaN / Infinity, from _reject_constant
+    except ValueError as exc:
+        # int() refuses more digits than sys.get_int_max_str_digits() (CVE-2020-10735);
+        # orjson refuses such a number too, so without this the line would raise.
+        raise InvalidJSON(f"an integer has more than {sys.get_int_max_str_digits()} digits (the limit)") from exc
 
 
 def parse_and_canonicalize(data: bytes) -> tuple[Any, bytes]:
@@ -167,3 +188,92 @@ def canonical_value_bytes(value: Any) -> bytes:
         return canonical_bytes(value)  # integers beyond 64 bits
     exact = _exact(fast)
     return exact if exact is not None else canonical_bytes(value)
+
+
+_ESCAPED_COLON = re.compile(rb"\\u003[aA]")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class RepeatedKey:
+    """A key written more than once in one JSON object (parsers keep its last value).
+
+    Attributes:
+        key: the repeated key.
+        times: how often the object has it.
+        path: where it is, from the top: object keys and array indexes, ending with ``key``.
+    """
+
+    key: str
+    times: int
+    path: tuple[str | int, ...]
+
+    def where(self) -> str:
+        """The path as JSONPath: ``$.tags[0].id``, ``$["odd key"]``."""
+        parts = ["$"]
+        for step in self.path:
+            if isinstance(step, int):
+                parts.append(f"[{step}]")
+            elif _NAME.fullmatch(step):
+                parts.append(f".{step}")
+            else:
+                parts.append(f"[{json.dumps(step, ensure_ascii=False)}]")
+        return "".join(parts)
+
+
+def repeated_key(raw: bytes, canonical: bytes) -> RepeatedKey | None:
+    """The first key repeated inside one object of ``raw`` (its canonical form given), if any.
+
+    Cheap unless the line may repeat a key: every ``key:value`` pair writes one
+    ``:`` and canonical JSON never escapes ``:`` inside strings, so without a
+    repeat the raw line and its canonical form hold as many ``:`` (a repeat drops
+    at least one pair, hence its ``:``). Only an escaped ``\\u003a`` in the raw
+    line, which the canonical form writes as ``:``, can hide one. In both cases
+    :mod:`json` parses the line again, showing each object's pairs (:class:`_Pairs`).
+
+    Raises:
+        InvalidJSON: the exact parse refuses ``raw`` (it does not, for a text
+            :func:`parse_and_canonicalize` accepted).
+    """
+    if raw.count(58) == canonical.count(58) and (  # ":"
+        92 not in raw or _ESCAPED_COLON.search(raw) is None  # "\\": a memchr, unlike b"\\" in raw
+    ):
+        return None
+    return _first_repeat(parse_json_slow(raw, object_pairs_hook=_Pairs.of))
+
+
+class _Pairs(dict):  # type: ignore[type-arg]
+    """A parsed object that remembers the first key its text repeated (and how often)."""
+
+    __slots__ = ("repeated", "times")
+
+    @classmethod
+    def of(cls, pairs: list[tuple[str, Any]]) -> _Pairs:
+        obj = cls(pairs)
+        obj.repeated, obj.times = None, 0
+        if len(obj) != len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    obj.repeated, obj.times = key, sum(1 for other, _ in pairs if other == key)
+                    break
+                seen.add(key)
+        return obj
+
+
+def _first_repeat(value: Any) -> RepeatedKey | None:
+    """The first repeat: an object's own before those of what it holds, else in the order written."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _Pairs):
+            if item.repeated is not None:
+                return RepeatedKey(item.repeated, item.times, (*path, item.repeated))
+            children: Any = item.items()
+        elif isinstance(item, list):
+            children = enumerate(item)
+        else:
+            continue
+        inner = [(child, (*path, step)) for step, child in children if isinstance(child, (dict, list))]
+        stack.extend(reversed(inner))
+    return None

@@ -57,6 +57,7 @@ def test_accepted_values(kind: str, value: Any, expected: Any) -> None:
         ("vector(2)", "emb", [1, "a"], "field 'emb': element 1 is a string \"a\", not a number", "type"),
         ("vector(2)", "emb", [1, 1e39], "field 'emb': element 1 (1e+39) out of float32 range", "range"),
         ("timestamp", "created", "yesterday", "field 'created': \"yesterday\" is not RFC3339", "format"),
+        ("timestamp", "created", "\u0662\u0660\u0662\u0666-01-01T00:00:00Z", "is not RFC3339", "format"),
         ("timestamp", "created", "2026-02-30T00:00:00Z", "has day 30", "format"),
         ("timestamp", "created", "9999-01-01T00:00:00Z", "out of range for timestamp[ns]", "range"),
         ("timestamp", "created", 1.5e18, "expected an RFC3339 string or integer epoch nanoseconds", "type"),

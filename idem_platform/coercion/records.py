@@ -31,7 +31,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_platform.canonical import InvalidJSON, canonical_value_bytes, parse_and_canonicalize
+from idem_platform.canonical import (
+    InvalidJSON,
+    RepeatedKey,
+    canonical_value_bytes,
+    parse_and_canonicalize,
+    repeated_key,
+)
 from idem_platform.catalog import TableSpec, is_safe_column_name
 from idem_platform.coercion.columns import convert_column
 from idem_platform.coercion.converters import json_kind
@@ -40,7 +46,7 @@ from idem_platform.keys import MAX_KEY_LENGTH, ext_id_text, record_key
 LINE_BITS = 40
 LINE_MASK = (1 << LINE_BITS) - 1
 RAW_CAP = 4096
-_BOM = b"\xef\xbb\xbf"
+UTF8_BOM = b"\xef\xbb\xbf"  # may open a file: not part of its line 1
 _NUL_ESCAPE = b"\\u0000"
 _SURROGATE_ESCAPE = b"\\ud"  # canonical JSON escapes surrogates (pairs, and lone ones) as \udxxx
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -114,7 +120,19 @@ def _line_error(rule: str, message: str, field_name: str | None = None) -> _Reje
     return _Reject([{"field": field_name, "rule": rule, "message": message}])
 
 
-def _raw_text(raw: bytes) -> str:
+def _raw_text(raw: bytes, length: int) -> str:
+    """What a reject keeps of its record: the first :data:`RAW_CAP` bytes, as text.
+
+    Only a whole record (``len(raw) >= length``) loses its line end (``\\n``,
+    ``\\r\\n``): a reader hands a too-long line over as its head alone, and that
+    head must read the same as the first bytes of the whole line would, or a
+    reject's text would depend on where the reader's blocks happened to fall.
+    """
+    if len(raw) >= length:
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
     text = raw[:RAW_CAP].decode("utf-8", "backslashreplace")
     return text.replace("\x00", "\\x00")
 
@@ -248,6 +266,8 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
     offsets_np = batch.column("_offset").to_numpy(zero_copy_only=False)
     units_np = batch.column("_unit").to_numpy(zero_copy_only=False)
     raw_lengths = batch.column("_raw_length").to_numpy(zero_copy_only=False)
+    if spec.lines:
+        raw_lengths = _without_file_bom(raws, offsets_np, raw_lengths)
     ignored = spec.ignored_fields | {spec.id_field} | ({spec.record_type_field} if spec.record_type_field else set())
     tables = {name: _TableRows(table, frozenset(ignored)) for name, table in spec.tables.items()}
     routes = {name: (t.rows.append, t.records.append, t.skip) for name, t in tables.items()}
@@ -284,8 +304,6 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
             if lines and raw is not None:
                 continue  # a blank line is not a record (its number still counts)
         else:
-            if lines and raw[0] == 0xEF and raw.startswith(_BOM) and offsets_np[i] == 1:
-                raw = raw[3:]
             if repeats is not None:
                 known = seen_lines.get(raw)
                 if known is not None:
@@ -321,6 +339,12 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
                     f"record contains a lone surrogate (\\u{ord(lone):04x}): not Unicode text, which "
                     "PostgreSQL cannot store",
                 )
+            # repeated_key's first test, widened to any backslash and inlined: a call per
+            # record would cost as much as the counts; ``92 in`` is a memchr, ``b"\\" in`` not.
+            if raw.count(58) != canonical.count(58) or 92 in raw:  # ":" and "\"
+                repeated = repeated_key(raw, canonical)
+                if repeated is not None:
+                    raise _repeated_key_error(repeated)
             if fixed_type is not None:
                 record_type = fixed_type
             else:
@@ -427,7 +451,7 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
         if error is not None:
             i = out_input[row]
             raw = raws[i]
-            out_raw[row] = _raw_text(raw.rstrip(b"\r\n")) if raw is not None else ""
+            out_raw[row] = _raw_text(raw, int(raw_lengths[i])) if raw is not None else ""
             out_raw_len[row] = int(raw_lengths[i])
     arrays = [
         pa.array((out_units << LINE_BITS) | (out_offsets - bases[out_units]), pa.int64()),
@@ -446,6 +470,39 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
         *structs,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=spec.output_schema())
+
+
+def _without_file_bom(raws: list[bytes | None], offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Drop the UTF-8 BOM that opens a file from its line 1 (in ``raws``); return the lengths to use.
+
+    The BOM belongs to the file, not to the line: it is dropped before the line
+    is found blank, measured against ``max_line_bytes`` or kept as a reject's
+    text, so line 1 gets the outcome the same line gets anywhere else.
+    """
+    firsts = np.flatnonzero(offsets == 1).tolist() if len(offsets) else []
+    opened = [i for i in firsts if (raw := raws[i]) is not None and raw.startswith(UTF8_BOM)]
+    if not opened:
+        return lengths
+    lengths = lengths.copy()
+    for i in opened:
+        raws[i] = raws[i][len(UTF8_BOM) :]  # type: ignore[index]
+        lengths[i] -= len(UTF8_BOM)
+    return lengths
+
+
+def _repeated_key_error(repeated: RepeatedKey) -> _Reject:
+    """A repeated key is a reject, not data: a parser would keep one of the values
+    silently, and which one is the parser's choice, not the producer's."""
+    key = json.dumps(repeated.key, ensure_ascii=False)
+    if len(key) > 62:
+        key = key[:60] + "…\""
+    where = repeated.where()
+    if len(where) > 200:
+        where = where[:100] + "…" + where[-99:]
+    times = "twice" if repeated.times == 2 else f"{repeated.times} times"
+    return _line_error(
+        "duplicate_key", f"object has the key {key} {times} (at {where})", str(repeated.path[0])
+    )
 
 
 def _metadata(meta: pa.Array, taken: np.ndarray, errors: list[str | None], *, keep: bool) -> pa.Array:

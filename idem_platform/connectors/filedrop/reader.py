@@ -5,6 +5,11 @@ element keeps its trailing ``\\n``; the coercion strips it), so there is no
 per-line Python here. A line longer than ``max_line_bytes`` is not accumulated:
 its first bytes and its true length are kept and the rest is skipped, so one
 2 GB line cannot exhaust an executor's memory; it becomes a reject.
+
+Whether a line arrives whole or as its head depends on where the blocks fall, so
+both must lead to the same outcome: the head is always the line's first
+:data:`HEAD_BYTES` (what a reject keeps, plus a BOM line 1 may start with), and a
+line is only cut when it is over the limit even without that BOM.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from idem_platform.coercion.records import RAW_CAP
+from idem_platform.coercion.records import RAW_CAP, UTF8_BOM
 from idem_platform.connectors.batch import RECORDS_SCHEMA
 from idem_platform.connectors.filedrop.files import DroppedFile, Split
 from idem_platform.errors import FileChangedError
 
 BLOCK_BYTES = 4 << 20
+HEAD_BYTES = RAW_CAP + len(UTF8_BOM)  # the coercion drops a BOM opening line 1, then keeps RAW_CAP
 
 
 def _batch(file_index: int, first_line: int, data: bytes, offsets: np.ndarray) -> pa.RecordBatch:
@@ -59,6 +65,12 @@ def _single(file_index: int, line: int, head: bytes, length: int) -> pa.RecordBa
     )
 
 
+def _fill_head(head: bytes, data: bytes, end: int) -> bytes:
+    """``head`` grown from ``data[:end]`` (the same line's next bytes) up to :data:`HEAD_BYTES`."""
+    missing = HEAD_BYTES - len(head)
+    return head + data[: min(missing, end)] if missing > 0 else head
+
+
 def read_split(
     file: DroppedFile, split: Split, file_index: int, *, max_line_bytes: int, block_bytes: int = BLOCK_BYTES
 ) -> Iterator[pa.RecordBatch]:
@@ -88,11 +100,12 @@ def read_split(
             newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
             start = 0
             if oversize_head is not None:
+                end = int(newlines[0]) if len(newlines) else len(data)
+                oversize_head = _fill_head(oversize_head, data, end)
+                oversize_length += end
                 if len(newlines) == 0:
-                    oversize_length += len(data)
                     carry = b""
                     continue
-                oversize_length += int(newlines[0])
                 yield _single(file_index, line, oversize_head, oversize_length)
                 line += 1
                 oversize_head = None
@@ -104,8 +117,8 @@ def read_split(
                 line += len(newlines)
                 start = int(offsets[-1])
             carry = data[start:]
-            if len(carry) > max_line_bytes:
-                oversize_head, oversize_length, carry = carry[:RAW_CAP], len(carry), b""
+            if len(carry) > max_line_bytes + len(UTF8_BOM):
+                oversize_head, oversize_length, carry = carry[:HEAD_BYTES], len(carry), b""
     if crc != split.crc32:
         raise FileChangedError(f"{file.path} changed since it was hashed ({file.key}); nothing was committed")
     if oversize_head is not None:
