@@ -272,3 +272,44 @@ def test_idem_dev_stops_everything_it_started_on_sigterm(
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_hostile_lines_get_one_outcome_at_line_1_as_at_line_5000_and_never_fail_the_contract(
+    threatfeed: IdemConfig, pg_url: str, instance: dg.DagsterInstance, spark: Any
+) -> None:
+    """Issue 17: each hostile line is a reject with its reason (or, for ``"id": ""``, the
+    connector's ``missing_id`` policy) wherever it stands; the blocking contract check
+    samples the first lines and must never refuse the file for a line coercion rejects."""
+    from idem_platform.samples import threatfeed_lines
+
+    deep = "[" * 300 + "]" * 300
+    hostile = [  # (line, its rule, a word of its reason)
+        ('{"type":"indicator","id":"h-sur","name":"bad \\ud800"}', "surrogate", "lone surrogate"),
+        ('{"type":"indicator","id":"h-deep","name":"x","tags":' + deep + "}", "json", "deeper than 254"),
+        ('{"type":"indicator","id":"h-dup","name":"x","name":"y"}', "duplicate_key", "name"),
+        ('{"type":"indicator","id":"h-trunc","name":"x"', "json", "not valid JSON"),
+    ]
+    empty_id = '{"type":"indicator","id":"","name":"no id"}'
+    head = [line for line, _, _ in hostile] + [empty_id]
+    good = list(threatfeed_lines(5_000, seed=45, duplicate_ratio=0.0))
+    tail = [line.replace('"h-', '"t-') for line in head]
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    path = write_lines(connector.path / "hostile.ndjson", [*head, *good, *tail])
+    result = run_partition(threatfeed, pg_url, instance, path)
+    assert result.success
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks["pandera_contract"] is True and checks["commit_consistency"] is True
+    with connect(pg_url) as conn:
+        rejects = conn.execute("SELECT line, reasons FROM idem.rejects ORDER BY line").fetchall()
+        empty = conn.execute(
+            "SELECT _source FROM idem.indicator WHERE name = 'no id' ORDER BY _source"
+        ).fetchall()
+    by_line = {line: (reasons[0]["rule"], reasons[0]["message"]) for line, reasons in rejects}
+    assert len(by_line) == 2 * len(hostile)  # the hostile lines, nothing else
+    offset = len(head) + len(good)
+    for index, (_, rule, word) in enumerate(hostile, 1):
+        assert by_line[index][0] == by_line[offset + index][0] == rule, (index, by_line[index])
+        assert word in by_line[index][1] and word in by_line[offset + index][1]
+    # "id": "" is a missing id: the example's policy (position) keys it by its place, at both places.
+    assert len(empty) == 2 and empty[0][0].endswith(f"#L{len(head)}")
