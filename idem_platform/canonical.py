@@ -42,7 +42,8 @@ _ESCAPE_ERRORS = "idem-json-escape"
 
 def _json_escape(error: UnicodeError) -> tuple[str, int]:
     """Codec error handler: non-ASCII characters as JSON ``\\uXXXX`` escapes (surrogate pairs above U+FFFF)."""
-    assert isinstance(error, UnicodeEncodeError)
+    if not isinstance(error, UnicodeEncodeError):  # registered for encoding only
+        raise error
     out = []
     for char in error.object[error.start : error.end]:
         code = ord(char)

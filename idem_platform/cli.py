@@ -555,6 +555,9 @@ def human_summary(summary: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     table = [f"  {r[0].ljust(widths[0])}  {r[1].rjust(widths[1])}  {r[2].rjust(widths[2])}" for r in rows]
     lines = [f"committed {summary.get('commit_id')} in {seconds:.1f} s", *table]
+    if summary.get("replay_skipped"):
+        committed = ", ".join(str(u) for u in summary.get("already_committed") or [])
+        lines.append(f"  {summary['replay_skipped']:,} of the skipped are records of files committed before: {committed}")
     if summary.get("rows_rejected"):
         lines.append(f"  {summary['rows_rejected']:,} records rejected: idem rejects --commit {summary.get('commit_id')}")
     for file in summary.get("files") or []:

@@ -180,7 +180,8 @@ def converter_for(column: Column) -> Converter:
     if kind == "timestamp":
         return _timestamp(name)
     if kind == "vector":
-        assert column.type.dim is not None
+        if column.type.dim is None:
+            raise ValueError(f"column {name!r}: a vector type needs its dimension")
         return _vector(name, column.type.dim)
     if kind == "dynamic":
         return _dynamic(name)

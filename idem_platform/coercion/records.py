@@ -540,7 +540,8 @@ def coerce_batches(batches: Iterator[pa.RecordBatch], spec: RecordSpec) -> Itera
 
 
 def _route(record: dict[str, Any], type_field: str | None, builders: dict[str, _TableRows]) -> str:
-    assert type_field is not None
+    if type_field is None:  # RecordSpec routes by field only when the connector names one
+        raise ValueError("routing by field needs a record_type_field")
     value = record.get(type_field)
     if value is None:
         raise _line_error(

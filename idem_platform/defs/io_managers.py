@@ -121,7 +121,8 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
     def load_input(self, context: dg.InputContext) -> dict[str, Any]:
         """The commit summary of the upstream partition (rows are in ``idem.<record_type>``)."""
         upstream = context.upstream_output
-        assert upstream is not None
+        if upstream is None:  # Dagster gives every asset input its upstream output
+            raise dg.DagsterInvariantViolationError(f"input {context.name!r} has no upstream output")
         records = context.instance.fetch_materializations(
             dg.AssetRecordsFilter(
                 asset_key=context.asset_key,

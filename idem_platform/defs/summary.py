@@ -18,7 +18,7 @@ import dagster as dg
 
 # Kept as JSON entries: lists and small maps a machine rebuilds the summary from.
 JSON_KEYS = ("files", "offsets", "schema_versions", "prior", "timings", "consumer_group", "notes")
-FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds")
+FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds", "replay_skipped")
 TEXT_KEYS = ("already_committed",)
 PER_TABLE = ("written", "skipped")
 REJECT_SAMPLE = 20
@@ -67,6 +67,8 @@ def summary_metadata(
     for key in ("rows_written", "rows_skipped", "rows_rejected"):
         metadata[key] = dg.MetadataValue.int(int(summary.get(key) or 0))
     metadata["replayed"] = dg.MetadataValue.bool(bool(summary.get("replayed")))
+    if summary.get("replay_skipped"):  # of rows_skipped: records of units committed before
+        metadata["replay_skipped"] = dg.MetadataValue.int(int(summary["replay_skipped"]))
     metadata["seconds"] = dg.MetadataValue.float(round(float(summary.get("seconds") or 0.0), 2))
     metadata["reject_ratio"] = dg.MetadataValue.float(reject_ratio(summary))
     tables = summary.get("tables") or {}
