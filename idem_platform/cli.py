@@ -23,6 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from idem_platform.config import CONFIG_ENV, IdemConfig, load_config
 from idem_platform.errors import IdemError
 from idem_platform.postgres.connection import POSTGRES_URL_ENV, idem_home, resolve_postgres_url
@@ -227,11 +229,21 @@ def _failure_message(result: Any) -> tuple[str, str | None]:
     return "the run failed (see the Dagster run logs)", None
 
 
+def _connector_name(config: IdemConfig, given: str | None) -> str:
+    """``--connector``, or the config's only connector when there is one."""
+    if given:
+        return given
+    if len(config.connectors) == 1:
+        return config.connectors[0].name
+    names = ", ".join(c.name for c in config.connectors) or "none"
+    raise CommandError(f"{config.source or 'the config'} has several connectors: pick one with --connector ({names})")
+
+
 def cmd_ingest(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     prepare_environment()
     config = load_config(args.config)
-    summary = ingest_connector(config, args.connector, args.files, replay=args.replay)
+    summary = ingest_connector(config, _connector_name(config, args.connector), args.files, replay=args.replay)
     return public_summary(summary, time.monotonic() - started)
 
 
@@ -482,7 +494,7 @@ def parser() -> argparse.ArgumentParser:
         return sub
 
     ingest = add("ingest", "ingest a connector's files, or its Kafka lag, in process, exactly once")
-    ingest.add_argument("--connector", required=True)
+    ingest.add_argument("--connector", help="which connector (default: the config's only one)")
     ingest.add_argument("--replay", action="store_true", help="tag the run as a replay (skips count as replay_skip)")
     ingest.add_argument("files", nargs="*", help="a file-drop connector's files (none for a Kafka connector)")
     ingest.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
@@ -619,6 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), _worth_tracing(exc) if verbose else None)
     except KeyboardInterrupt:
         return 130
+    except psycopg.OperationalError as exc:  # PostgreSQL down or unreachable: no bug, one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return _fail(f"PostgreSQL unreachable: {first}", _traceback(exc) if verbose else None)
     except Exception as exc:  # noqa: BLE001 - anything unforeseen: one line, the traceback in a file
         return _fail(_unexpected(exc), _traceback(exc) if verbose else None)
     if output is not None:

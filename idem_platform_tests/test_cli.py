@@ -12,6 +12,7 @@ import pytest
 from idem_platform.cli import SUMMARY_KEYS, main
 from idem_platform.config import IdemConfig
 from idem_platform.samples import write_lines
+from idem_platform_tests.conftest import EXAMPLE_CONFIG
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_ingest_prints_one_summary_line_then_replays(env: IdemConfig, spark: Any
     assert list(summary)[: len(SUMMARY_KEYS)] == list(SUMMARY_KEYS)
     assert (summary["rows_written"], summary["rows_rejected"], summary["replayed"]) == (1, 1, False)
     assert summary["files"][0]["file"] == str(path)
-    code, lines, _ = run(capsys, "ingest", "--connector", "threatfeed", str(path))
+    code, lines, _ = run(capsys, "ingest", str(path))  # the config's only connector
     replay = json.loads(lines[0])
     assert code == 0 and replay["replayed"] is True and replay["prior"]["commit_id"] == summary["commit_id"]
 
@@ -335,3 +336,14 @@ def test_verbose_shows_a_failed_runs_recorded_error(
     *trace, last = err.splitlines()
     assert code == 1 and last == "idem: error: threatfeed__ingest: ValueError: the planner broke"
     assert "in failing_plan" in "\n".join(trace) and 'raise ValueError("the planner broke")' in "\n".join(trace)
+
+
+def test_ingest_needs_connector_only_when_the_config_has_several(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    two = EXAMPLE_CONFIG.read_text(encoding="utf-8").replace(
+        "connectors:\n", "connectors:\n  - {name: other, kind: filedrop, path: drop/other, record_type: indicator, id_field: id}\n", 1
+    )
+    config = tmp_path / "idem.yaml"
+    config.write_text(two, encoding="utf-8")
+    assert main(["ingest", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has several connectors: pick one with --connector (other, threatfeed)" in err

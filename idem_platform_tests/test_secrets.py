@@ -213,6 +213,8 @@ def test_a_failing_connection_names_no_password(
     assert ("Traceback" in err) is verbose and (err.count("\n") == 1) is not verbose
     if where == "unparsable":  # libpq quoted the whole URL: it is there, masked
         assert f"{ROLE}:***@[::1" in last
+    else:  # a server down is no bug: no traceback file, one line saying so
+        assert last.startswith("idem: error: PostgreSQL unreachable: ") and "traceback in" not in last
 
 
 def test_kafka_client_secrets_are_in_no_error_and_no_repr(
