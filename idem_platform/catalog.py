@@ -144,15 +144,26 @@ SYSTEM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("_source", "text"),
     ("_payload", "jsonb NOT NULL"),
 )
-RESERVED_COLUMN_NAMES = frozenset({"props"})
+# PostgreSQL's own columns of every table (pg_attribute rows with attnum < 0; "oid"
+# was one before PostgreSQL 12): ALTER TABLE … ADD COLUMN xmin fails, so a field of
+# that name would make its file fail forever. Such fields go to ``props``.
+POSTGRES_SYSTEM_COLUMNS = frozenset({"tableoid", "xmin", "cmin", "xmax", "cmax", "ctid", "oid"})
+RESERVED_COLUMN_NAMES = frozenset({"props"}) | POSTGRES_SYSTEM_COLUMNS
+# idem's own tables in schema ``idem``: a record type of one of these names would be
+# written into (and widen) the product's bookkeeping.
+RESERVED_TABLE_NAMES = frozenset(
+    {"ingest_ledger", "commits", "source_offsets", "rejects", "execution_log", "catalog", "schema_migrations"}
+)
+MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are silently truncated
 
 
 @functools.lru_cache(maxsize=4096)
 def is_safe_column_name(name: str) -> bool:
     """Whether a field name may become a column: ``^[a-z_][a-z0-9_]{0,62}$``, not reserved.
 
-    ``_``-prefixed names are system columns and ``props`` holds what cannot be a
-    column, so neither may be taken by a field.
+    ``_``-prefixed names are system columns, ``props`` holds what cannot be a
+    column, and PostgreSQL's own system columns (``xmin``, ``ctid``…) cannot be
+    added, so none may be taken by a field.
     """
     return (
         COLUMN_NAME.fullmatch(name) is not None

@@ -18,7 +18,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from idem_platform.catalog import Column, ColumnType, TableSpec, is_safe_column_name
+from idem_platform.catalog import (
+    MAX_IDENTIFIER_BYTES,
+    POSTGRES_SYSTEM_COLUMNS,
+    RESERVED_TABLE_NAMES,
+    Column,
+    ColumnType,
+    TableSpec,
+    is_safe_column_name,
+)
 from idem_platform.errors import ConfigError
 from idem_platform.keys import NAME_PATTERN
 from idem_platform.redact import remember_settings
@@ -81,7 +89,8 @@ class TableConfig(_Model):
             if not is_safe_column_name(name):
                 raise ValueError(
                     f"column name {name!r} must match ^[a-z_][a-z0-9_]{{0,62}}$ and must not "
-                    "start with '_' or be 'props' (reserved for system columns)"
+                    "start with '_' or be 'props' or one of PostgreSQL's system columns "
+                    f"({', '.join(sorted(POSTGRES_SYSTEM_COLUMNS))})"
                 )
         return value
 
@@ -223,8 +232,16 @@ class IdemConfig(_Model):
     @classmethod
     def _table_names(cls, value: dict[str, TableConfig]) -> dict[str, TableConfig]:
         for name in value:
-            if NAME_PATTERN.fullmatch(name) is None:
-                raise ValueError(f"record type {name!r} must match [a-z0-9_-]{{1,64}}")
+            if NAME_PATTERN.fullmatch(name) is None or len(name) > MAX_IDENTIFIER_BYTES:
+                raise ValueError(
+                    f"record type {name!r} must match [a-z0-9_-]{{1,{MAX_IDENTIFIER_BYTES}}} "
+                    "(PostgreSQL cuts longer table names)"
+                )
+            if name in RESERVED_TABLE_NAMES:
+                raise ValueError(
+                    f"record type {name!r} is the name of one of idem's own tables in schema idem "
+                    f"({', '.join(sorted(RESERVED_TABLE_NAMES))}): pick another"
+                )
         return value
 
     @model_validator(mode="after")

@@ -47,6 +47,9 @@ tables:
         (("    path: drop\n", ""), "a filedrop connector needs 'path'"),
         (("    record_type: thing", "    record_type: thing\n    record_type_field: type"), "set exactly one of"),
         (("connectors:", "connectors: ["), "not valid YAML"),
+        (("      name:", "      xmin:"), "or one of PostgreSQL's system columns (cmax, cmin, ctid, oid, tableoid, xmax, xmin)"),
+        (("thing", "commits"), "record type 'commits' is the name of one of idem's own tables"),
+        (("thing", "t" * 64), f"record type '{'t' * 64}' must match [a-z0-9_-]{{1,63}}"),
     ],
 )
 def test_errors_name_file_key_and_line(tmp_path: Path, edit: tuple[str, str], message: str) -> None:

@@ -263,3 +263,25 @@ def test_a_lone_surrogate_is_a_reject_wherever_it_stands(pg_url: str, threatfeed
     rejected = rows(pg_url, "SELECT line, reasons FROM idem.rejects ORDER BY line")
     assert [line for line, _ in rejected] == [1, 4_999, 5_000]
     assert all(r[0]["rule"] == "surrogate" and "lone surrogate" in r[0]["message"] for _, r in rejected)
+
+
+def test_names_postgresql_keeps_for_itself_never_reach_ddl(pg_url: str, threatfeed: IdemConfig, spark: Any) -> None:
+    """A field named like a PostgreSQL system column (``ALTER TABLE … ADD COLUMN xmin``
+    fails) goes to ``props``; the reserved names are PostgreSQL's own list and idem's own tables."""
+    from idem_platform.catalog import POSTGRES_SYSTEM_COLUMNS, RESERVED_TABLE_NAMES
+
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    record = {"type": "indicator", "id": "sys-1", "name": "n", "xmin": 1, "ctid": "x", "tableoid": 2, "fresh": "y"}
+    summary = ingest(pg_url, threatfeed, spark, write_lines(connector.path / "sys.ndjson", [json.dumps(record)]))
+    assert summary["rows_written"] == 1 and summary["tables"]["indicator"]["new_columns"] == ["fresh"]
+    props, fresh = rows(pg_url, "SELECT props, fresh FROM idem.indicator WHERE _external_id = 'sys-1'")[0]
+    assert props == {"xmin": 1, "ctid": "x", "tableoid": 2} and fresh == "y"
+    system = {r[0] for r in rows(pg_url, "SELECT attname FROM pg_attribute WHERE attrelid = 'idem.indicator'::regclass AND attnum < 0")}
+    assert system and system <= POSTGRES_SYSTEM_COLUMNS
+    own = {
+        r[0]
+        for r in rows(pg_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'idem'")
+        if r[0] not in threatfeed.table_specs
+    }
+    assert own == RESERVED_TABLE_NAMES

@@ -10,12 +10,13 @@ effective spec so later batches fill them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import psycopg
 from psycopg import sql
 
-from idem_platform.catalog import STRING, SYSTEM_COLUMNS, Column, TableSpec
+from idem_platform.catalog import MAX_IDENTIFIER_BYTES, STRING, SYSTEM_COLUMNS, Column, TableSpec
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.schema import DDL_LOCK_ID, SCHEMA
 
@@ -50,9 +51,18 @@ def _create(conn: psycopg.Connection, spec: TableSpec) -> None:
     conn.execute(sql.SQL("CREATE TABLE {} ({})").format(table_ident(spec.record_type), sql.SQL(", ").join(parts)))
     conn.execute(
         sql.SQL("CREATE INDEX {} ON {} (_commit_id)").format(
-            sql.Identifier(f"{spec.record_type}_commit_id"[:63]), table_ident(spec.record_type)
+            sql.Identifier(_index_name(spec.record_type)), table_ident(spec.record_type)
         )
     )
+
+
+def _index_name(record_type: str) -> str:
+    """``<record_type>_commit_id``, or for a long name its head and a digest: PostgreSQL
+    cuts names at 63 bytes, and two long record types must not share one index name."""
+    name = f"{record_type}_commit_id"
+    if len(name) <= MAX_IDENTIFIER_BYTES:
+        return name
+    return f"{record_type[:40]}_{hashlib.sha256(record_type.encode()).hexdigest()[:12]}_commit_id"
 
 
 def add_column(conn: psycopg.Connection, record_type: str, column: Column) -> None:
