@@ -117,9 +117,12 @@ def ingest_connector(
             for u in batch.units
         ]
         ingest_config: dict[str, Any] = {"ranges": ranges}
-    elif connector.kind == "filedrop":
+    elif connector.lands_files:
         if not files:
-            raise CommandError(f"connector {connector_name!r} is a file-drop connector: name the files to ingest")
+            raise CommandError(
+                f"connector {connector_name!r} is a{'' if connector.kind == 'filedrop' else 'n'} "
+                f"{connector.kind if connector.kind != 'filedrop' else 'file-drop'} connector: name the files to ingest"
+            )
         paths = [checked_file(connector, f) for f in files]
         batch = plan_batch(url, connector, paths)
         partition = _partition_for(connector, paths)
@@ -229,12 +232,24 @@ def _failure_message(result: Any) -> tuple[str, str | None]:
     return "the run failed (see the Dagster run logs)", None
 
 
-def _connector_name(config: IdemConfig, given: str | None) -> str:
-    """``--connector``, or the config's only connector when there is one."""
+def _connector_name(config: IdemConfig, given: str | None, files: Sequence[str] = ()) -> str:
+    """``--connector``; else the connector whose directory holds every file named; else the
+    config's only connector, or its only file-drop connector when files are named."""
     if given:
         return given
     if len(config.connectors) == 1:
         return config.connectors[0].name
+    if files:
+        paths = [Path(f).resolve() for f in files]
+        holders = [
+            c for c in config.connectors
+            if c.lands_files and c.path is not None and all(p.is_relative_to(c.path.resolve()) for p in paths)
+        ]
+        if len(holders) == 1:
+            return holders[0].name
+        filedrops = [c for c in config.connectors if c.kind == "filedrop"]
+        if not holders and len(filedrops) == 1:
+            return filedrops[0].name
     names = ", ".join(c.name for c in config.connectors) or "none"
     raise CommandError(f"{config.source or 'the config'} has several connectors: pick one with --connector ({names})")
 
@@ -243,7 +258,9 @@ def cmd_ingest(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     prepare_environment()
     config = load_config(args.config)
-    summary = ingest_connector(config, _connector_name(config, args.connector), args.files, replay=args.replay)
+    summary = ingest_connector(
+        config, _connector_name(config, args.connector, args.files), args.files, replay=args.replay
+    )
     return public_summary(summary, time.monotonic() - started)
 
 
@@ -269,7 +286,7 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
         ingest_connector(config, connector.name, [str(first)]),
     ]
     totals = {k: sum(int(r[k]) for r in runs) for k in ("rows_written", "rows_skipped", "rows_rejected")}
-    return {
+    summary = {
         "commit_id": runs[-1]["commit_id"],
         **totals,
         "replayed": bool(runs[-1]["replayed"]),
@@ -277,6 +294,46 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": round(time.monotonic() - started, 3),
         "runs": [public_summary(r, float(r.get("seconds", 0))) for r in runs],
         "postgres": masked(os.environ[POSTGRES_URL_ENV]),
+    }
+    pusher = next((c for c in config.connectors if c.kind == "http"), None)
+    if pusher is not None:
+        summary["push"] = demo_push(config, pusher, [*lines[:2], *threatfeed_lines(2, seed=3, start=20 * args.records)])
+        summary["seconds"] = round(time.monotonic() - started, 3)
+    return summary
+
+
+def demo_push(config: IdemConfig, connector: Any, lines: list[str]) -> dict[str, Any]:
+    """One push through ``idem serve``'s API and its replay, then the landed file's ingest.
+
+    The server runs in this process on a free loopback port; the requests are real HTTP.
+    """
+    import urllib.request
+
+    from idem_platform.push.server import serve_in_background, settings_from_environment
+
+    body = "".join(line + "\n" for line in lines).encode()
+    key = f"demo-push-{time.strftime('%Y-%m-%d')}"
+    server = serve_in_background(settings_from_environment(config, os.environ[POSTGRES_URL_ENV]))
+    answers = []
+    try:
+        for _ in range(2):
+            request = urllib.request.Request(
+                f"{server.url}/v1/connectors/{connector.name}/records",
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/x-ndjson", "Idempotency-Key": key},
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - our own loopback server
+                answers.append({"status": response.status, **json.loads(response.read())})
+    finally:
+        server.stop()
+    landed = connector.path / Path(answers[0]["path"]).name
+    run = ingest_connector(config, connector.name, [str(landed)])
+    return {
+        "request": f"POST /v1/connectors/{connector.name}/records",
+        "idempotency_key": key,
+        "answers": answers,
+        "run": public_summary(run, float(run.get("seconds", 0))),
     }
 
 
@@ -427,6 +484,31 @@ def cmd_offsets(args: argparse.Namespace) -> dict[str, Any] | None:
     return None
 
 
+def cmd_serve(args: argparse.Namespace) -> dict[str, Any] | None:
+    config = load_config(args.config)
+    if not any(c.kind in ("http", "otlp") for c in config.connectors):
+        raise CommandError(
+            "idem serve needs an http or otlp connector in the config (kind: http | otlp, with the "
+            "path its bodies land in)"
+        )
+    url = prepare_environment()
+    from idem_platform.push.server import serve, settings_from_environment
+
+    settings = settings_from_environment(config, url)
+    if args.max_body_bytes is not None:
+        config = config.model_copy(
+            update={
+                "connectors": [
+                    c.model_copy(update={"max_body_bytes": args.max_body_bytes}) if c.kind in ("http", "otlp") else c
+                    for c in config.connectors
+                ]
+            }
+        )
+        settings.config = config
+    serve(settings, args.host, args.port)
+    return None
+
+
 def cmd_dev(args: argparse.Namespace) -> dict[str, Any] | None:
     url = prepare_environment()
     config = load_config(args.config)  # fail here, with a clear line, rather than in the UI
@@ -494,7 +576,9 @@ def parser() -> argparse.ArgumentParser:
         return sub
 
     ingest = add("ingest", "ingest a connector's files, or its Kafka lag, in process, exactly once")
-    ingest.add_argument("--connector", help="which connector (default: the config's only one)")
+    ingest.add_argument(
+        "--connector", help="which connector (default: the one whose directory holds the files, else the only one)"
+    )
     ingest.add_argument("--replay", action="store_true", help="tag the run as a replay (skips count as replay_skip)")
     ingest.add_argument("files", nargs="*", help="a file-drop connector's files (none for a Kafka connector)")
     ingest.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
@@ -525,6 +609,11 @@ def parser() -> argparse.ArgumentParser:
     offsets.add_argument("--connector", help="one Kafka connector (default: all)")
     offsets.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
     offsets.set_defaults(func=cmd_offsets)
+    serve = add("serve", "HTTP push API for http/otlp connectors: NDJSON with idempotency keys, OTLP logs")
+    serve.add_argument("--host", default="127.0.0.1", help="without IDEM_HTTP_TOKEN: loopback only")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-body-bytes", type=int, help="override every connector's max_body_bytes")
+    serve.set_defaults(func=cmd_serve)
     dev = add("dev", "start the embedded PostgreSQL if needed, then dagster dev")
     dev.add_argument("--workspace", default="workspace.yaml")
     dev.add_argument("--host", default="127.0.0.1")
@@ -548,7 +637,19 @@ def _add_verbose(parser: argparse.ArgumentParser, default: Any = argparse.SUPPRE
 def human_summary(summary: dict[str, Any]) -> str:
     """A commit's summary for a person at a terminal: what was written where, in how long."""
     if summary.get("runs"):  # the demo: each of its runs
-        return "\n\n".join(f"run {i}: {human_summary(run)}" for i, run in enumerate(summary["runs"], 1))
+        shown = "\n\n".join(f"run {i}: {human_summary(run)}" for i, run in enumerate(summary["runs"], 1))
+        push = summary.get("push")
+        if push:
+            first, again = push["answers"]
+            shown += (
+                f"\n\npush: {push['request']} with Idempotency-Key {push['idempotency_key']}\n"
+                f"  -> {first['status']}, replayed: {str(first['replayed']).lower()}, landed {first['path']} "
+                f"({first['lines']} lines, {first['file_key'][:25]}...)\n"
+                f"  same key and body again -> {again['status']}, replayed: {str(again['replayed']).lower()}, "
+                f"same file key: {str(again['file_key'] == first['file_key']).lower()}\n"
+                f"push run: {human_summary(push['run'])}"
+            )
+        return shown
     seconds = float(summary.get("seconds") or 0)
     if summary.get("nothing_to_ingest"):
         return f"nothing to ingest: every partition is committed up to its end ({seconds:.1f} s)"

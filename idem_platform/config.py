@@ -99,8 +99,10 @@ class ConnectorConfig(_Model):
     """One source of records and how its records become rows."""
 
     name: str = Field(pattern=f"^{_NAME}$", description="[a-z0-9_-]{1,64}")
-    kind: Literal["filedrop", "kafka", "http"]
-    path: Path | None = Field(None, description="filedrop: the watched directory.")
+    kind: Literal["filedrop", "kafka", "http", "otlp"]
+    path: Path | None = Field(
+        None, description="filedrop: the watched directory; http/otlp: the directory idem serve lands bodies in."
+    )
     record_type_field: str | None = Field(None, description="Field whose value names the table.")
     record_type: str | None = Field(None, description="One fixed record type for every record.")
     id_field: str = Field("id", description="Field holding the record's external id.")
@@ -116,6 +118,10 @@ class ConnectorConfig(_Model):
         pattern=f"^{_NAME}$",
         description="First part of every record key (default: the connector's name). Connectors of "
         "one feed that share it (a Kafka topic and its file exports) write each record once.",
+    )
+    # HTTP push (kind: http | otlp)
+    max_body_bytes: int = Field(
+        64 << 20, ge=1024, description="http/otlp: larger request bodies are refused (413)."
     )
     # Kafka (kind: kafka)
     bootstrap_servers: str | None = Field(None, description="kafka: host:port[,host:port...]")
@@ -167,8 +173,14 @@ class ConnectorConfig(_Model):
     def _routing(self) -> ConnectorConfig:
         if (self.record_type is None) == (self.record_type_field is None):
             raise ValueError("set exactly one of 'record_type' (fixed) or 'record_type_field'")
-        if self.kind == "filedrop" and self.path is None:
-            raise ValueError("a filedrop connector needs 'path' (the watched directory)")
+        if self.lands_files and self.path is None:
+            raise ValueError(
+                "a filedrop connector needs 'path' (the watched directory)"
+                if self.kind == "filedrop"
+                else f"an {self.kind} connector needs 'path' (the directory idem serve lands request bodies in)"
+            )
+        if "max_body_bytes" in self.model_fields_set and self.kind not in ("http", "otlp"):
+            raise ValueError("max_body_bytes: only for kind: http and otlp connectors")
         if self.kind == "kafka":
             if not self.bootstrap_servers:
                 raise ValueError("a kafka connector needs 'bootstrap_servers' (host:port, or ${KAFKA_BOOTSTRAP_SERVERS})")
@@ -181,6 +193,13 @@ class ConnectorConfig(_Model):
             if wrong:
                 raise ValueError(f"{', '.join(wrong)}: only for kind: kafka connectors")
         return self
+
+    @property
+    def lands_files(self) -> bool:
+        """Whether the connector's records arrive as files in ``path`` (filedrop, and the
+        HTTP kinds, whose bodies ``idem serve`` lands there): the file-drop sensor and
+        assets run it."""
+        return self.kind in ("filedrop", "http", "otlp")
 
     @property
     def evolve(self) -> bool:
@@ -227,6 +246,35 @@ class IdemConfig(_Model):
     migrations: list[str] = Field(default_factory=list)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     source: Path | None = Field(None, exclude=True, description="The file this was read from.")
+    implicit_tables: tuple[str, ...] = Field(
+        (), exclude=True, description="Tables no `tables:` entry declared (an otlp connector's log type)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _otlp_defaults(cls, data: Any) -> Any:
+        """An ``otlp`` connector routes every log record to one type (default ``log``) keyed
+        by content; that type's table needs no ``tables:`` entry (it is OTLP's log shape)."""
+        if not isinstance(data, dict) or not isinstance(data.get("connectors"), list):
+            return data
+        otlp = [c for c in data["connectors"] if isinstance(c, dict) and c.get("kind") == "otlp"]
+        if not otlp:
+            return data
+        from idem_platform.push.otlp import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
+
+        tables = dict(data.get("tables") or {})
+        connectors, implicit = [], []
+        for connector in data["connectors"]:
+            if isinstance(connector, dict) and connector.get("kind") == "otlp":
+                connector = {"missing_id": "content", **connector}
+                if "record_type_field" not in connector:
+                    connector.setdefault("record_type", DEFAULT_LOG_RECORD_TYPE)
+                name = connector.get("record_type")
+                if isinstance(name, str) and name not in tables:
+                    tables[name] = {"columns": dict(LOG_COLUMNS)}
+                    implicit.append(name)
+            connectors.append(connector)
+        return {**data, "connectors": connectors, "tables": tables, "implicit_tables": tuple(implicit)}
 
     @field_validator("tables")
     @classmethod
@@ -294,10 +342,11 @@ class IdemConfig(_Model):
         raise ConfigError(f"no connector named {name!r} (known: {known})", path=_str(self.source))
 
     def tables_for(self, connector: ConnectorConfig) -> dict[str, TableSpec]:
-        """The tables a connector may write: its fixed type, or every table when routed."""
+        """The tables a connector may write: its fixed type, or, when routed, every table
+        ``tables:`` declares (an otlp connector's implicit log table is its own)."""
         if connector.record_type is not None:
             return {connector.record_type: self.table_specs[connector.record_type]}
-        return dict(self.table_specs)
+        return {name: spec for name, spec in self.table_specs.items() if name not in self.implicit_tables}
 
     def shown(self, path: Path | None) -> str:
         """``path`` as the config names it: relative to the config file when inside its folder

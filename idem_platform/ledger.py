@@ -12,6 +12,7 @@ Rows expire ``replay_window`` after their last change but keep replaying until
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,10 +22,13 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from idem_platform.canonical import canonical_bytes
-from idem_platform.keys import NAME_PATTERN
 from idem_platform.postgres.schema import SCHEMA
 
 DEFAULT_REPLAY_WINDOW = timedelta(hours=24)
+# Connector names ([a-z0-9_-]) are the file-drop and Kafka namespaces; ':' and '.' let
+# other users of the ledger keep apart from them (``http:<connector>`` for request
+# keys, ``payments.refunds`` for a user's own handlers).
+NAMESPACE_PATTERN = re.compile(r"[a-z0-9_.:-]{1,128}")
 _TABLE = f"{SCHEMA}.ingest_ledger"
 
 
@@ -95,7 +99,8 @@ class Ledger:
     Args:
         conn: a psycopg connection; every call must happen inside a transaction
             the caller opened (``with conn.transaction():``).
-        namespace: ``[a-z0-9_-]{1,64}``; the file-drop path uses the connector name.
+        namespace: ``[a-z0-9_.:-]{1,128}``; the file-drop and Kafka paths use the
+            connector's name, ``idem serve`` uses ``http:<connector>`` for request keys.
         replay_window: how long committed/failed answers are kept before purge.
     """
 
@@ -106,8 +111,8 @@ class Ledger:
         *,
         replay_window: timedelta = DEFAULT_REPLAY_WINDOW,
     ) -> None:
-        if not NAME_PATTERN.fullmatch(namespace or ""):
-            raise ValueError(f"ledger namespace {namespace!r} must match [a-z0-9_-]{{1,64}}")
+        if not NAMESPACE_PATTERN.fullmatch(namespace or ""):
+            raise ValueError(f"ledger namespace {namespace!r} must match [a-z0-9_.:-]{{1,128}}")
         self.conn = conn
         self.namespace = namespace
         self.replay_window = replay_window
@@ -134,6 +139,16 @@ class Ledger:
         ).fetchone()
         if inserted:
             return Fresh()
+        # A committed answer is final: replay it without a row lock, so replays of one key
+        # neither queue behind each other nor write WAL (a lock is a write). Only rows that
+        # may still change (in progress, failed) are read under FOR UPDATE.
+        row = self.conn.execute(
+            f"SELECT request_hash, status, result, error, attempts, owner FROM {_TABLE} "
+            "WHERE namespace = %s AND key = %s",
+            [self.namespace, key],
+        ).fetchone()
+        if row is not None and row[1] == "committed":
+            return Mismatch(row[0], submitted) if row[0] != submitted else PriorResult(row[2] or {})
         row = self.conn.execute(
             f"SELECT request_hash, status, result, error, attempts, owner FROM {_TABLE} "
             "WHERE namespace = %s AND key = %s FOR UPDATE",

@@ -12,7 +12,7 @@ import pytest
 from idem_platform.cli import SUMMARY_KEYS, main
 from idem_platform.config import IdemConfig
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import EXAMPLE_CONFIG
+from idem_platform_tests.conftest import example_text
 
 
 @pytest.fixture
@@ -339,8 +339,8 @@ def test_verbose_shows_a_failed_runs_recorded_error(
 
 
 def test_ingest_needs_connector_only_when_the_config_has_several(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    two = EXAMPLE_CONFIG.read_text(encoding="utf-8").replace(
-        "connectors:\n", "connectors:\n  - {name: other, kind: filedrop, path: drop/other, record_type: indicator, id_field: id}\n", 1
+    two = example_text().replace(
+        "connectors:\n", "connectors:\n- {name: other, kind: filedrop, path: drop/other, record_type: indicator, id_field: id}\n", 1
     )
     config = tmp_path / "idem.yaml"
     config.write_text(two, encoding="utf-8")

@@ -25,7 +25,7 @@ from idem_platform.postgres import connect
 from idem_platform.postgres.connection import is_unix_socket_url
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform_tests.conftest import (
-    EXAMPLE_CONFIG,
+    example_text,
     kafka_config,
     lines_batch,
     reset_database,
@@ -77,7 +77,7 @@ def doomed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCl
 
 
 def write_config(directory: Path, master: str, conf: dict[str, str]) -> Path:
-    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    data = yaml.safe_load(example_text())
     data["connectors"][0]["path"] = str(directory / "drop")
     data["connectors"][0]["split_bytes"] = 1 << 20  # several splits (tasks) even for small files
     data["spark"] = {"master": master, "conf": conf}

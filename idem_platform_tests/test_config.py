@@ -16,9 +16,44 @@ def test_example_uses_every_catalog_type_across_three_record_types() -> None:
     connector = config.connector("threatfeed")
     assert connector.kind == "filedrop" and connector.record_type_field == "type" and connector.evolve
     assert connector.path == (EXAMPLE_CONFIG.parent / "drop" / "threatfeed").resolve()
-    assert set(config.tables) == {"indicator", "malware", "threat-actor"}
+    # the three declared tables, and the otlp connector's `log` (OTLP's log shape, never declared)
+    assert set(config.tables) == {"indicator", "malware", "threat-actor", "log"}
     kinds = {c.type.kind for spec in config.table_specs.values() for c in spec.columns}
     assert kinds == {"bool", "int", "long", "real", "string", "timestamp", "vector", "dynamic"}
+    push, otel = config.connector("threatfeed-push"), config.connector("otel")
+    assert push.kind == "http" and push.lands_files and push.key_prefix == "threatfeed"
+    assert otel.record_type == "log" and otel.missing_id == "content"
+    assert {c.name: c.type.kind for c in config.table_specs["log"].columns} == {
+        "time": "timestamp", "observed_time": "timestamp", "severity_number": "int", "severity_text": "string",
+        "body": "dynamic", "attributes": "dynamic", "resource": "dynamic", "scope": "dynamic",
+        "trace_id": "string", "span_id": "string",
+    }
+
+
+@pytest.mark.parametrize(
+    ("connector", "message"),
+    [
+        ("{name: p, kind: http, record_type: thing}", "an http connector needs 'path'"),
+        ("{name: o, kind: otlp}", "an otlp connector needs 'path'"),
+        ("{name: f, kind: filedrop, path: d, record_type: thing, max_body_bytes: 4096}",
+         "max_body_bytes: only for kind: http and otlp connectors"),
+        ("{name: p, kind: http, path: d, record_type: thing, topics: [a]}", "topics: only for kind: kafka"),
+    ],
+)
+def test_push_connectors_are_validated(connector: str, message: str) -> None:
+    text = f"connectors:\n  - {connector}\ntables:\n  thing: {{columns: {{name: string}}}}\n"
+    with pytest.raises(ConfigError, match=message):
+        parse_config(text)
+
+
+def test_an_otlp_connector_may_name_its_record_type_and_declare_its_table() -> None:
+    text = (
+        "connectors:\n  - {name: o, kind: otlp, path: d, record_type: app_logs}\n"
+        "tables:\n  app_logs: {schema_version: 2, columns: {time: timestamp, body: dynamic}}\n"
+    )
+    config = parse_config(text)
+    assert config.connector("o").record_type == "app_logs"
+    assert config.tables["app_logs"].schema_version == 2 and set(config.tables["app_logs"].columns) == {"time", "body"}
 
 
 BASE = """
@@ -39,7 +74,7 @@ tables:
     [
         (("name: feed", "name: Feed!"), "connectors[0].name (line 3): String should match pattern"),
         (("record_type: thing", "record_type: other"), "record_type 'other' is not in tables (thing)"),
-        (("kind: filedrop", "kind: ftp"), "connectors[0].kind (line 4): Input should be 'filedrop', 'kafka' or 'http'"),
+        (("kind: filedrop", "kind: ftp"), "connectors[0].kind (line 4): Input should be 'filedrop', 'kafka', 'http' or 'otlp'"),
         (("{type: string, required: true}", "{type: strng}"), "tables.thing.columns.name.type (line 10): unknown type 'strng'"),
         (("    record_type: thing", "    record_type: thing\n    max_reject_ratio: 2"), "max_reject_ratio (line 7): Input should be less than or equal to 1"),
         (("    record_type: thing", "    record_type: thing\n    recordtype: x"), "connectors[0].recordtype (line 7): Extra inputs are not permitted"),

@@ -18,7 +18,13 @@ from idem_platform.defs.definitions import build_definitions
 from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import EXAMPLE_CONFIG, REPO, reset_database, write_config
+from idem_platform_tests.conftest import (
+    EXAMPLE_CONFIG,
+    REPO,
+    example_text,
+    reset_database,
+    write_config,
+)
 
 GOOD = [
     '{"type":"indicator","id":"i1","name":"a","confidence":1,"embedding":[1,2,3,4,5,6,7,8]}',
@@ -172,7 +178,7 @@ def test_commit_consistency_fails_when_the_table_lost_a_row_of_the_commit(
 
 def test_failed_run_then_retry_commits_once(pg_url: str, tmp_path: Path, instance: dg.DagsterInstance, spark: Any) -> None:
     reset_database(pg_url)
-    strict = write_config(tmp_path, EXAMPLE_CONFIG.read_text().replace("max_reject_ratio: 1.0", "max_reject_ratio: 0.1"))
+    strict = write_config(tmp_path, example_text().replace("max_reject_ratio: 1.0", "max_reject_ratio: 0.1"))
     connector = strict.connector("threatfeed")
     assert connector.path is not None
     path = write_lines(connector.path / "d2.ndjson", GOOD)
@@ -182,7 +188,7 @@ def test_failed_run_then_retry_commits_once(pg_url: str, tmp_path: Path, instanc
         status, error = conn.execute("SELECT status, error FROM idem.ingest_ledger").fetchone()
     assert status == "failed" and "max_reject_ratio 0.1" in error["message"]
     # The user relaxes the limit and materializes the partition again from the UI.
-    relaxed = write_config(tmp_path, EXAMPLE_CONFIG.read_text())
+    relaxed = write_config(tmp_path, example_text())
     retried = run_partition(relaxed, pg_url, instance, path)
     assert retried.success and committed_metadata(retried)["rows_written"] == 3
     with connect(pg_url) as conn:

@@ -169,10 +169,14 @@ def test_schema_evolution_adds_text_columns_and_keeps_the_rest_in_props(
 
 def test_reject_ratio_above_the_limit_commits_nothing(pg_url: str, tmp_path: Path, spark: Any) -> None:
     from idem_platform.postgres.tables import sync_tables
-    from idem_platform_tests.conftest import EXAMPLE_CONFIG, reset_database, write_config
+    from idem_platform_tests.conftest import (
+        example_text,
+        reset_database,
+        write_config,
+    )
 
     reset_database(pg_url)
-    text = EXAMPLE_CONFIG.read_text().replace("max_reject_ratio: 1.0", "max_reject_ratio: 0.2")
+    text = example_text().replace("max_reject_ratio: 1.0", "max_reject_ratio: 0.2")
     config = write_config(tmp_path, text)
     with connect(pg_url, autocommit=True) as conn:
         sync_tables(conn, config.table_specs)

@@ -20,7 +20,7 @@ from idem_platform.connectors.filedrop.files import hash_file
 from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import threatfeed_lines, write_lines
-from idem_platform_tests.conftest import EXAMPLE_CONFIG, wait_until_staging
+from idem_platform_tests.conftest import example_text, wait_until_staging
 
 pytestmark = pytest.mark.slow
 TABLES = ("indicator", "malware", "threat-actor")
@@ -53,7 +53,7 @@ def test_a_postgres_restart_mid_commit_leaves_nothing_and_a_rerun_commits_once(
     restartable: tuple[object, str], tmp_path: Path
 ) -> None:
     server, url = restartable
-    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    data = yaml.safe_load(example_text())
     data["connectors"][0]["path"] = str(tmp_path / "drop")
     data["connectors"][0]["split_bytes"] = 1 << 20
     data["spark"] = {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}}

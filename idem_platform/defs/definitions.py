@@ -84,7 +84,7 @@ def build_definitions(
     """
     parts = []
     for connector in config.connectors:
-        if connector.kind == "filedrop":
+        if connector.lands_files:  # filedrop, and http/otlp whose bodies idem serve lands as files
             parts.append(filedrop_definitions(config, connector, files_outside_drop_dir=files_outside_drop_dir))
         elif connector.kind == "kafka":
             parts.append(kafka_definitions(config, connector))

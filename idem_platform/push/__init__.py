@@ -1,0 +1,1 @@
+"""HTTP push: `idem serve` lands NDJSON bodies and OTLP log exports as files in a connector's drop directory."""
