@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/threatfeed/idem.yaml
 
-.PHONY: install demo test test-fast fuzz dev bench bench-curve bench-kafka kafka-broker lint stop-postgres clean
+.PHONY: install demo test test-fast fuzz dev serve bench bench-curve bench-kafka bench-push kafka-broker lint stop-postgres clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ fuzz: install
 dev: install
 	$(VENV)/bin/idem dev --config $(CONFIG)
 
+## serve: the HTTP push API (idem serve) of the example's http and otlp connectors on 127.0.0.1:8000, beside `make dev`
+serve: install
+	$(VENV)/bin/idem serve --config $(CONFIG) $(ARGS)
+
 bench: install
 	$(PY) benchmarks/ingest_bench.py $(ARGS)
 
@@ -45,6 +49,11 @@ bench-curve: install
 ## bench-kafka: 200k messages through the Kafka path beside the file path (local[2] and a cluster)
 bench-kafka: install
 	$(PY) benchmarks/kafka_bench.py $(ARGS)
+
+## bench-push: `idem serve` as a child process under 2000 concurrent pushes over 200 keys, their replays, and one client alone; then the ledger's begin+commit pairs
+bench-push: install
+	$(PY) benchmarks/push_bench.py $(ARGS)
+	$(PY) benchmarks/ledger_bench.py
 
 ## kafka-broker: the in-memory Kafka-protocol test broker (Tansu) on 127.0.0.1:9092, for trying the Kafka connector
 kafka-broker: install

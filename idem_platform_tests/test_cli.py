@@ -11,8 +11,9 @@ import pytest
 
 from idem_platform.cli import SUMMARY_KEYS, main
 from idem_platform.config import IdemConfig
+from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import example_text
+from idem_platform_tests.conftest import EXAMPLE_CONFIG, example_text
 
 
 @pytest.fixture
@@ -347,3 +348,25 @@ def test_ingest_needs_connector_only_when_the_config_has_several(tmp_path: Path,
     assert main(["ingest", "--config", str(config)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has several connectors: pick one with --connector (other, threatfeed)" in err
+
+
+def test_ingest_picks_the_connector_whose_directory_holds_the_files(
+    env: IdemConfig, spark: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idem_platform_tests.conftest import write_config
+
+    full = write_config(Path(str(env.source)).parent, EXAMPLE_CONFIG.read_text(encoding="utf-8"))  # + http, otlp
+    monkeypatch.setenv("IDEM_CONFIG", str(full.source))
+    pushed = write_lines(full.connector("threatfeed-push").path / "p.ndjson", ['{"type":"malware","id":"p","name":"x"}'])
+    code, lines, _ = run(capsys, "ingest", str(pushed))
+    assert code == 0 and json.loads(lines[0])["rows_written"] == 1
+    with connect(os.environ["IDEM_POSTGRES_URL"]) as conn:
+        connector, key = conn.execute(
+            "SELECT c.connector, m._idempotency_key FROM idem.malware m JOIN idem.commits c "
+            "ON c.commit_id = m._commit_id WHERE m._external_id = 'p'"
+        ).fetchone()
+    # its own commit, under the key namespace it shares with the file drop
+    assert connector == "threatfeed-push" and key.startswith("threatfeed:malware:p:")
+    outside = write_lines(Path(str(env.source)).parent / "elsewhere.ndjson", ['{"type":"malware","id":"q","name":"y"}'])
+    code, lines, _ = run(capsys, "ingest", str(outside))  # no connector's directory: the only file-drop one
+    assert code == 0 and json.loads(lines[0])["rows_written"] == 1

@@ -304,3 +304,53 @@ def test_idem_serve_from_the_command_line(pg_url: str, tmp_path: Path) -> None:
     assert "http   push -> drop/push" in err or "push -> drop/push" in err
     # uvicorn finishes requests in flight, then re-raises the signal it caught
     assert process.returncode in (0, -signal.SIGTERM) and "Traceback" not in err
+
+
+def test_the_connectors_sensor_picks_up_what_idem_serve_lands_and_its_run_commits_it(
+    pg_url: str, tmp_path: Path
+) -> None:
+    import dagster as dg
+
+    from idem_platform_tests.conftest import SensorTicker
+
+    reset_database(pg_url)
+    config = push_config(tmp_path)
+    server = serve_in_background(ServeSettings(config=config, postgres_url=pg_url))
+    try:
+        with httpx.Client(base_url=server.url) as http:
+            payload = body({"type": "malware", "id": "dg-1", "name": "via-http"}, {"type": "indicator", "id": "dg-2", "name": "b"})
+            landed = http.post("/v1/connectors/push/records", content=payload, headers={**NDJSON, "Idempotency-Key": "dg"}).json()
+            with dg.instance_for_test() as instance:
+                ticker = SensorTicker(config, instance, pg_url, "push_filedrop_sensor")
+                assert ticker.tick().run_requests == []  # waiting to settle
+                (request,) = ticker.tick().run_requests
+                assert request.tags["idem/file_key"] == landed["file_key"]
+                result = ticker.run(request, "push_ingest")
+                assert result.success
+                assert ticker.tick().run_requests == []  # committed: nothing more
+            status = http.get(landed["status_url"]).json()
+    finally:
+        server.stop()
+    assert status["status"] == "committed" and status["commit"]["rows_written"] == 2
+    with connect(pg_url) as conn:
+        assert conn.execute("SELECT name FROM idem.malware WHERE _external_id = 'dg-1'").fetchone() == ("via-http",)
+
+
+def test_a_spool_keeps_small_bodies_in_memory_and_spills_large_ones_to_a_dotfile(tmp_path: Path) -> None:
+    from idem_platform.push.landing import Spool
+
+    small = Spool(tmp_path / "land", limit=1 << 20, in_memory=64)
+    small.write(b'{"a":1}\n')
+    assert not (tmp_path / "land").exists()  # a replay would cost no file at all
+    small.discard()
+    big = Spool(tmp_path / "land", limit=1 << 20, in_memory=64)
+    for _ in range(10):
+        big.write(b'{"a":1}\n' * 5)
+    assert [p.name.startswith(".push-") for p in (tmp_path / "land").iterdir()] == [True]
+    landed = big.publish()
+    assert landed.path.read_bytes() == b'{"a":1}\n' * 50 and landed.lines == 50 and landed.bytes == 400
+    assert [p.name for p in (tmp_path / "land").iterdir()] == [landed.path.name]
+    again = Spool(tmp_path / "land", limit=1 << 20, in_memory=64)
+    again.write(b'{"a":1}\n' * 50)
+    assert again.publish() == landed  # same bytes: the file there is left alone
+    assert [p.name for p in (tmp_path / "land").iterdir()] == [landed.path.name]

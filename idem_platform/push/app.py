@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.concurrency import run_in_threadpool
@@ -202,6 +202,19 @@ def create_app(settings: ServeSettings) -> FastAPI:
             settings.pool = None
             await run_in_threadpool(pool.close)
 
+    def authenticate(request: Request) -> None:
+        """The bearer token, when the server has one (``/healthz`` and the docs need none)."""
+        if not settings.token:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.token.encode()):
+            raise Refusal(
+                401,
+                "missing or wrong bearer token (Authorization: Bearer <IDEM_HTTP_TOKEN>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    guarded = [Depends(authenticate)]
     app = FastAPI(
         title="idem serve",
         version="1",
@@ -228,20 +241,6 @@ def create_app(settings: ServeSettings) -> FastAPI:
     async def _too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
         return JSONResponse({"error": str(exc), "max_body_bytes": exc.limit}, status_code=413)
 
-    @app.middleware("http")
-    async def _authenticate(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        if settings.token and request.url.path != "/healthz":
-            given = request.headers.get("authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.token.encode()):
-                return JSONResponse(
-                    {"error": "missing or wrong bearer token (Authorization: Bearer <IDEM_HTTP_TOKEN>)"},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-        response: Response = await call_next(request)
-        return response
-
     @app.get("/healthz", summary="Liveness and PostgreSQL reachability")
     async def healthz() -> JSONResponse:
         def probe() -> dict[str, Any]:
@@ -259,6 +258,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
     @app.post(
         "/v1/connectors/{name}/records",
         status_code=202,
+        dependencies=guarded,
         summary="Push NDJSON records to an http connector",
         openapi_extra={
             "requestBody": {
@@ -334,7 +334,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
                     raise
         return Response(otlp.encode_response(decoded.rejected, message, media), media_type=media)
 
-    @app.post("/v1/logs", summary="OTLP/HTTP logs (the only otlp connector)")
+    @app.post("/v1/logs", summary="OTLP/HTTP logs (the only otlp connector)", dependencies=guarded)
     async def otlp_logs(request: Request) -> Response:
         served = [c for c in settings.config.connectors if c.kind == "otlp"]
         if len(served) != 1:
@@ -346,11 +346,11 @@ def create_app(settings: ServeSettings) -> FastAPI:
             )
         return await export_logs(served[0], request)
 
-    @app.post("/v1/connectors/{name}/logs", summary="OTLP/HTTP logs for one otlp connector")
+    @app.post("/v1/connectors/{name}/logs", summary="OTLP/HTTP logs for one otlp connector", dependencies=guarded)
     async def otlp_connector_logs(name: str, request: Request) -> Response:
         return await export_logs(_find(settings, name, ("otlp",)), request)
 
-    @app.get("/v1/commits/{file_key}", summary="Whether and how a landed body was committed")
+    @app.get("/v1/commits/{file_key}", summary="Whether and how a landed body was committed", dependencies=guarded)
     async def commit_status(file_key: str) -> JSONResponse:
         if not file_key.startswith(FILE_KEY_PREFIX):
             raise Refusal(400, f"{file_key!r} is not a file key ({FILE_KEY_PREFIX}<sha256>)")

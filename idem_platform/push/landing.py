@@ -2,8 +2,8 @@
 
 A request body becomes a file the file-drop path ingests like any other drop, so
 HTTP, OTLP and files share one write path and one exactly-once story. The body is
-spooled into a dotfile (the sensor ignores dotfiles) while its SHA-256 and lines
-are counted, then published: fsync of the file, atomic rename to
+spooled (in memory while small, else into a dotfile the sensor ignores) while its
+SHA-256 and lines are counted, then published: fsync of the file, atomic rename to
 ``<sha256>.ndjson``, fsync of the directory. Only after that does the request's
 ledger row commit, so an acknowledged body survives a power cut.
 
@@ -18,6 +18,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from idem_platform.keys import file_key_from_digest
 
@@ -51,12 +52,16 @@ class Spool:
     always removed.
     """
 
-    def __init__(self, directory: Path, *, limit: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: Path, *, limit: int, in_memory: int = 1 << 20) -> None:
         self.directory = directory
         self.limit = limit
+        self.in_memory = in_memory
         self.path = directory / f"{_SPOOL_PREFIX}{uuid.uuid4().hex}.tmp"
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by publish/discard
+        # Small bodies stay in memory until published: a replay, the common retry, then
+        # costs no file created and deleted. Larger ones spill to the dotfile as they come.
+        self._buffer: bytearray | None = bytearray()
+        self._file: BinaryIO | None = None
+        self._done = False
         self._digest = hashlib.sha256()
         self.size = 0
         self._newlines = 0
@@ -76,7 +81,12 @@ class Spool:
         self.size += len(chunk)
         if self.size > self.limit:
             raise BodyTooLarge(self.limit)
-        self._file.write(chunk)
+        if self._buffer is not None and self.size > self.in_memory:
+            self._spill()
+        if self._buffer is not None:
+            self._buffer += chunk
+        else:
+            self._opened().write(chunk)
         self._digest.update(chunk)
         self._newlines += chunk.count(b"\n")
         self._last = chunk[-1:]
@@ -96,6 +106,20 @@ class Spool:
         """Lines of the body (a last line without a newline counts)."""
         return self._newlines + (1 if self._last and self._last != b"\n" else 0)
 
+    def _spill(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by publish/discard
+        if self._buffer:
+            self._file.write(self._buffer)
+        self._buffer = None
+
+    def _opened(self) -> BinaryIO:
+        if self._file is None:
+            self._spill()
+        if self._file is None:  # _spill opened it
+            raise RuntimeError("the spool file could not be opened")
+        return self._file
+
     def publish(self) -> LandedFile:
         """fsync, rename to ``<sha256>.ndjson`` and fsync the directory.
 
@@ -104,14 +128,16 @@ class Spool:
         """
         target = self.directory / f"{self.sha256}{LANDED_SUFFIX}"
         landed = LandedFile(self.file_key, target, self.lines, self.size)
-        if self._file.closed:
+        if self._done:
             return landed
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        self._done = True
         if target.exists() and target.stat().st_size == self.size:
-            self.path.unlink(missing_ok=True)
+            self._close_and_remove()
             return landed
+        handle = self._opened()
+        handle.flush()
+        os.fsync(handle.fileno())
+        handle.close()
         os.replace(self.path, target)
         directory = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -121,7 +147,13 @@ class Spool:
         return landed
 
     def discard(self) -> None:
-        """Remove the spooled file (nothing happens after :meth:`publish`)."""
-        if not self._file.closed:
+        """Forget the body (nothing happens after :meth:`publish`)."""
+        if not self._done:
+            self._done = True
+            self._close_and_remove()
+
+    def _close_and_remove(self) -> None:
+        self._buffer = None
+        if self._file is not None:
             self._file.close()
             self.path.unlink(missing_ok=True)

@@ -71,7 +71,6 @@ def body_status(conn: psycopg.Connection, connectors: list[ConnectorConfig], fil
             "status": "committed",
             "commit_id": commit_id,
             "commit": {k: result.get(k) for k in ("rows_written", "rows_skipped", "rows_rejected", "run_id")},
-            "file": next((f for f in result.get("files", []) if f.get("key") == file_key), None),
             "rows_rejected": int(rejected[0]) if rejected else 0,
             "rejects": [{"position": p, "line": line, "reasons": reasons} for p, line, reasons in rejects],
         }
