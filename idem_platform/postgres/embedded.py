@@ -18,7 +18,9 @@ start.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
+from types import ModuleType
 
 import psycopg
 
@@ -47,9 +49,20 @@ def data_dir(home: Path | None = None) -> Path:
     return (home or idem_home()) / "pg"
 
 
+def _pgserver() -> ModuleType:
+    """``pgserver``, imported lazily (only the embedded default needs it) and quietly: at import
+    it asks platformdirs for a runtime directory it never uses, and platformdirs warns on
+    every command where ``XDG_RUNTIME_DIR`` is unset (root shells, containers, CI)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pgserver
+
+    return pgserver
+
+
 def embedded_postgres_url(home: Path | None = None) -> str:
     """Start (or reattach to) the embedded server under ``<home>/pg``, tuned; return its URL."""
-    import pgserver  # imported lazily: only the embedded default needs it
+    pgserver = _pgserver()
 
     directory = data_dir(home)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +117,7 @@ def stop_embedded(home: Path | None = None) -> bool:
     pid_file = directory / "postmaster.pid"
     if not pid_file.exists():
         return False
-    import pgserver
+    pgserver = _pgserver()
     from pgserver._commands import pg_ctl
 
     server = pgserver.get_server(directory, cleanup_mode=None)
