@@ -6,7 +6,9 @@ coercion engine, the staging COPY and the DDL can never disagree about a type.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -104,6 +106,14 @@ class Column:
     type: ColumnType
     required: bool = False
     evolved: bool = False  # added by schema evolution, not declared in idem.yaml
+    # ``idem promote``: a text column with a typed companion column (see
+    # :func:`typed_column_name`) that the commit fills beside it; ``None`` when not promoted.
+    promoted: ColumnType | None = None
+
+    @property
+    def typed_column(self) -> str | None:
+        """The companion column of a promoted column (``_score__long``), else ``None``."""
+        return typed_column_name(self.name, self.promoted.kind) if self.promoted is not None else None
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,19 @@ class TableSpec:
         known = set(self.column_names())
         extra = tuple(Column(n, STRING, evolved=True) for n in names if n not in known)
         return TableSpec(self.record_type, self.schema_version, self.columns + extra)
+
+    def with_promotions(self, promoted: dict[str, ColumnType]) -> TableSpec:
+        """This spec with ``promoted`` (text column -> target type) marked on its columns."""
+        if not promoted:
+            return self
+        columns = tuple(
+            dataclasses.replace(c, promoted=promoted[c.name]) if c.name in promoted else c for c in self.columns
+        )
+        return TableSpec(self.record_type, self.schema_version, columns)
+
+    def promoted_columns(self) -> tuple[Column, ...]:
+        """The text columns that have a typed companion column."""
+        return tuple(c for c in self.columns if c.promoted is not None)
 
     def arrow_struct(self, *, spark: bool = False) -> pa.StructType:
         """The Arrow struct of this type's typed columns (the ``coerced`` frame's shape).
@@ -158,6 +181,26 @@ MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are sile
 
 
 @functools.lru_cache(maxsize=4096)
+def column_name_problem(name: str) -> str | None:
+    """Why field ``name`` cannot be a column (``None`` when it can): the reason a field went
+    to ``props``, recorded in the commit's table stats. The same rule as
+    :func:`is_safe_column_name`, which the per-record path uses (it only needs yes or no)."""
+    if COLUMN_NAME.fullmatch(name) is None:
+        if len(name.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER_BYTES:
+            return f"longer than PostgreSQL's {MAX_IDENTIFIER_BYTES}-byte names"
+        folded = name.lower()
+        if folded != name and COLUMN_NAME.fullmatch(folded) is not None:
+            return f"has capitals: PostgreSQL folds names, it would meet {folded!r}"
+        return "not a column name (^[a-z_][a-z0-9_]{0,62}$)"
+    if name.startswith("_"):
+        return "starts with '_', kept for idem's own columns"
+    if name in POSTGRES_SYSTEM_COLUMNS:
+        return "a PostgreSQL system column name"
+    if name in RESERVED_COLUMN_NAMES:
+        return "idem's own column"
+    return None
+
+
 def is_safe_column_name(name: str) -> bool:
     """Whether a field name may become a column: ``^[a-z_][a-z0-9_]{0,62}$``, not reserved.
 
@@ -170,3 +213,26 @@ def is_safe_column_name(name: str) -> bool:
         and not name.startswith("_")
         and name not in RESERVED_COLUMN_NAMES
     )
+
+
+# ``idem promote TYPE COLUMN --to KIND``: the kinds an evolved text column may be promoted to.
+PROMOTABLE_KINDS = ("long", "real", "timestamp", "bool")
+
+
+def typed_column_name(name: str, kind: str) -> str:
+    """The typed companion column of text column ``name`` promoted to ``kind``.
+
+    ``_<name>__<kind>`` (``_score__long``), or, when that would pass PostgreSQL's 63
+    bytes, ``__<head of name>_<sha1 of name, 10 hex>__<kind>``. It starts with ``_``,
+    which no record field may take as a column (:func:`is_safe_column_name`), so no
+    field evolving later can collide with it, and no declared column either. Plain
+    names start with one ``_`` and a letter (field names cannot start with ``_``),
+    hashed ones with two, so the two forms never meet; idem's system columns never
+    end in ``__<kind>``.
+    """
+    plain = f"_{name}__{kind}"
+    if len(plain.encode()) <= MAX_IDENTIFIER_BYTES:
+        return plain
+    digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+    head = name[: MAX_IDENTIFIER_BYTES - len(kind) - len(digest) - 5]
+    return f"__{head}_{digest}__{kind}"

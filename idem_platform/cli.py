@@ -350,13 +350,19 @@ def cmd_read(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.limit is not None and args.limit < 1:
         raise CommandError(f"--limit must be at least 1 (got {args.limit})")
     url = prepare_environment()
-    query = sql.SQL("SELECT to_jsonb(t) FROM {} t {} ORDER BY _ingested_at, _idempotency_key {}").format(
-        table_ident(args.record_type),
-        sql.SQL("WHERE _commit_id = {}").format(sql.Literal(args.commit)) if args.commit else sql.SQL(""),
-        sql.SQL("LIMIT {}").format(sql.Literal(args.limit)) if args.limit else sql.SQL(""),
-    )
     count = 0
     with connect(url) as conn, conn.cursor(name="idem_read") as cursor:
+        from idem_platform.postgres.promotion import row_json
+        from idem_platform.postgres.tables import existing_columns
+
+        # A promoted column (idem promote) reads as its typed value, else its text.
+        row = row_json(config.table_specs[args.record_type], existing_columns(conn, args.record_type))
+        query = sql.SQL("SELECT {} FROM {} t {} ORDER BY _ingested_at, _idempotency_key {}").format(
+            row,
+            table_ident(args.record_type),
+            sql.SQL("WHERE _commit_id = {}").format(sql.Literal(args.commit)) if args.commit else sql.SQL(""),
+            sql.SQL("LIMIT {}").format(sql.Literal(args.limit)) if args.limit else sql.SQL(""),
+        )
         cursor.itersize = 5000
         cursor.execute(query)
         for (row,) in cursor:
@@ -395,6 +401,10 @@ def commit_id_argument(commit: str | None) -> str | None:
 
 
 def cmd_rejects(args: argparse.Namespace) -> dict[str, Any] | None:
+    if getattr(args, "action", "list") == "retry":
+        return cmd_rejects_retry(args)
+    if getattr(args, "dry_run", False):
+        raise CommandError("--dry-run goes with idem rejects retry")
     url = prepare_environment()
     rejects = list_rejects(url, connector=args.connector, commit=args.commit, limit=args.limit)
     if args.json or not sys.stdout.isatty():
@@ -405,9 +415,74 @@ def cmd_rejects(args: argparse.Namespace) -> dict[str, Any] | None:
         reasons = "; ".join(
             f"{r.get('field') + ': ' if r.get('field') else ''}{r['message']} [{r['rule']}]" for r in reject["reasons"]
         )
-        sys.stdout.write(f"{reject['connector']}  {reject['position']}  {reasons}\n    {reject['raw'][:160]}\n")
+        sys.stdout.write(f"{reject['connector']}  {reject['position']}  {reasons}{_retry_note(reject)}\n    {reject['raw'][:160]}\n")
     sys.stdout.write(f"{len(rejects)} reject(s) shown\n")
     return None
+
+
+def _retry_note(reject: dict[str, Any]) -> str:
+    """What the quarantine loop did with a reject, for the listing on a terminal."""
+    if reject.get("retried_commit_id"):
+        return f"  [retried: committed by {reject['retried_commit_id']}]"
+    if reject.get("last_retry_reasons"):
+        now = "; ".join(str(r.get("message")) for r in reject["last_retry_reasons"])
+        return f"  [still failing after {reject.get('retries') or 0} retr{'y' if reject.get('retries') == 1 else 'ies'}: {now}]"
+    return ""
+
+
+def cmd_rejects_retry(args: argparse.Namespace) -> dict[str, Any]:
+    """``idem rejects retry``: the connector's ``<connector>_retry_rejects`` job, in process."""
+    started = time.monotonic()
+    commit = commit_id_argument(args.commit)
+    url = prepare_environment()
+    config = load_config(args.config)
+    name = args.connector
+    if name is None and commit is not None and len(config.connectors) > 1:
+        name = _connector_of_commit(url, commit)
+    summary = retry_connector(config, _connector_name(config, name), commit=commit, dry_run=args.dry_run)
+    summary["seconds"] = round(time.monotonic() - started, 3)
+    return summary
+
+
+def _connector_of_commit(url: str, commit: str) -> str | None:
+    """The connector whose rejects ``commit`` recorded (or, a retry's, left quarantined), if any."""
+    from idem_platform.postgres import connect
+
+    with connect(url) as conn:
+        row = conn.execute(
+            "SELECT connector FROM idem.rejects WHERE commit_id = %s::uuid OR last_retry_commit_id = %s::uuid LIMIT 1",
+            [commit, commit],
+        ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def retry_connector(config: IdemConfig, connector_name: str, *, commit: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+    """Run the connector's ``<connector>_retry_rejects`` job in process (one commit, or none) and
+    return its summary.
+
+    Raises:
+        CommandError: the run failed (the message is the underlying error).
+    """
+    import dagster as dg
+
+    from idem_platform.defs.definitions import build_definitions
+    from idem_platform.defs.rejects import retry_job_name, retry_op_name
+    from idem_platform.defs.terminal import terminal_logger
+
+    connector = config.connector(connector_name)
+    job = build_definitions(config).resolve_job_def(retry_job_name(connector)).with_logger_defs({"console": terminal_logger})
+    result = job.execute_in_process(
+        run_config={
+            "ops": {retry_op_name(connector): {"config": {"commit_id": commit, "dry_run": dry_run}}},
+            "loggers": {"console": {}},
+        },
+        instance=dg.DagsterInstance.get(),
+        raise_on_error=False,
+    )
+    if not result.success:
+        message, details = _failure_message(result)
+        raise CommandError(message, details=details)
+    return dict(result.output_for_node(retry_op_name(connector)))
 
 
 def cmd_ledger_purge(args: argparse.Namespace) -> dict[str, Any]:
@@ -424,6 +499,27 @@ def cmd_ledger_purge(args: argparse.Namespace) -> dict[str, Any]:
         purged = purge_expired(conn, grace=timedelta(seconds=args.grace_seconds))
         dropped = drop_stale_staging(conn, 24 * 3600)
     return {"purged": purged, "staging_dropped": dropped}
+
+
+def cmd_promote(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``idem promote TYPE COLUMN --to KIND``: a typed companion for an evolved text column, then the backfill."""
+    from idem_platform.postgres.promotion import human_report, promote_column
+
+    config = load_config(args.config)
+    if args.record_type not in config.tables:
+        raise CommandError(f"unknown record type {args.record_type!r} (known: {', '.join(sorted(config.tables))})")
+    if args.batch_rows < 1:
+        raise CommandError(f"--batch-rows must be at least 1 (got {args.batch_rows})")
+    url = prepare_environment()
+    terminal = not args.json and sys.stdout.isatty()
+    progress = (lambda line: sys.stderr.write(line + "\n")) if terminal else None
+    report = promote_column(
+        url, config.table_specs[args.record_type], args.column, args.to, batch_rows=args.batch_rows, progress=progress
+    )
+    if terminal:
+        sys.stdout.write(human_report(report) + "\n")
+        return None
+    return report
 
 
 def offsets_report(config: IdemConfig, url: str, connector_name: str | None = None) -> list[dict[str, Any]]:
@@ -599,12 +695,26 @@ def parser() -> argparse.ArgumentParser:
     _add_verbose(purge)
     purge.add_argument("--grace-seconds", type=int, default=3600)
     purge.set_defaults(func=cmd_ledger_purge)
-    rejects = add("rejects", "list rejected records with their positions and reasons")
+    rejects = add("rejects", "list rejected records with their positions and reasons; `retry` commits those the current catalog accepts")
+    rejects.add_argument(
+        "action", nargs="?", choices=("list", "retry"), default="list",
+        help="list (default) | retry: re-run the quarantined rejects through the current catalog, commit those that pass",
+    )
     rejects.add_argument("--connector", help="only this connector's rejects")
     rejects.add_argument("--commit", help="only the rejects of this commit id")
+    rejects.add_argument("--dry-run", action="store_true", help="retry: count what would pass now, commit nothing")
     rejects.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     rejects.add_argument("--json", action="store_true", help="JSON lines even on a terminal")
     rejects.set_defaults(func=cmd_rejects)
+    promote = add("promote", "give an evolved text column a typed companion column and backfill it")
+    promote.add_argument("record_type", metavar="TYPE", help="the record type (table idem.TYPE)")
+    promote.add_argument("column", metavar="COLUMN", help="an evolved text column of it")
+    promote.add_argument("--to", required=True, choices=["long", "real", "timestamp", "bool"], help="the type")
+    promote.add_argument(
+        "--batch-rows", type=int, default=50_000, help="rows per backfill transaction (default 50,000)"
+    )
+    promote.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
+    promote.set_defaults(func=cmd_promote)
     offsets = add("offsets", "per Kafka partition: committed offset, log end and lag")
     offsets.add_argument("--connector", help="one Kafka connector (default: all)")
     offsets.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
@@ -650,6 +760,10 @@ def human_summary(summary: dict[str, Any]) -> str:
                 f"push run: {human_summary(push['run'])}"
             )
         return shown
+    if summary.get("retry") is not None:  # idem rejects retry
+        from idem_platform.rejects_retry import human_retry_summary
+
+        return human_retry_summary(summary)
     seconds = float(summary.get("seconds") or 0)
     if summary.get("nothing_to_ingest"):
         return f"nothing to ingest: every partition is committed up to its end ({seconds:.1f} s)"

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from idem_platform.catalog import (
     MAX_IDENTIFIER_BYTES,
@@ -46,6 +55,13 @@ MANAGED_KAFKA_SETTINGS = {
     "isolation.level": "read_committed, always",
     "enable.partition.eof": "ranges end at their planned offset",
 }
+# What a record's unknown top-level fields do (DESIGN §3): widen the table, reject the row,
+# or stay in ``_payload`` only.
+SchemaContract = Literal["evolve", "strict", "drop"]
+_CONTRACT_HELP = (
+    "What unknown top-level fields do: evolve (new nullable text columns, unsafe names to props), "
+    "strict (the row is a reject naming them) or drop (kept only in _payload)."
+)
 _KAFKA_ONLY = (
     "bootstrap_servers", "topics", "consumer_group", "client_config", "max_records_per_run",
     "split_records", "start_offset", "offset_gap", "kafka_metadata", "read_timeout_seconds",
@@ -74,6 +90,9 @@ class TableConfig(_Model):
 
     schema_version: int = Field(1, ge=1, description="Bumped only on breaking changes.")
     columns: dict[str, ColumnConfig] = Field(default_factory=dict)
+    schema_contract: SchemaContract | None = Field(
+        None, description=f"{_CONTRACT_HELP} Wins over the connector's; default: the connector's."
+    )
 
     @field_validator("columns", mode="before")
     @classmethod
@@ -106,7 +125,14 @@ class ConnectorConfig(_Model):
     record_type_field: str | None = Field(None, description="Field whose value names the table.")
     record_type: str | None = Field(None, description="One fixed record type for every record.")
     id_field: str = Field("id", description="Field holding the record's external id.")
-    schema_evolve: bool | None = Field(None, description="Default: true for filedrop/http.")
+    schema_contract: SchemaContract | None = Field(
+        None,
+        description=f"{_CONTRACT_HELP} Default: evolve, drop for kafka; a record type's own "
+        "schema_contract (in tables:) wins.",
+    )
+    schema_evolve: bool | None = Field(
+        None, description="Older spelling of schema_contract: true is evolve, false is drop."
+    )
     missing_id: Literal["position", "content", "reject"] = "position"
     max_reject_ratio: float = Field(1.0, ge=0.0, le=1.0)
     max_line_bytes: int = Field(1 << 20, ge=64, description="Longer lines are rejects.")
@@ -150,6 +176,18 @@ class ConnectorConfig(_Model):
     read_timeout_seconds: float = Field(
         60.0, gt=0, description="kafka: a task fails when its range stops advancing for this long."
     )
+    # Record type -> the schema_contract its ``tables:`` entry sets (IdemConfig fills it in).
+    _table_contracts: dict[str, SchemaContract] = PrivateAttr(default_factory=dict)
+
+    @field_validator("schema_evolve")
+    @classmethod
+    def _one_contract_key(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        if value is not None and info.data.get("schema_contract") is not None:
+            raise ValueError(
+                "schema_evolve and schema_contract are both set; keep one (schema_evolve is the older "
+                "spelling: true is schema_contract: evolve, false is schema_contract: drop)"
+            )
+        return value
 
     @field_validator("client_config", mode="before")
     @classmethod
@@ -202,11 +240,25 @@ class ConnectorConfig(_Model):
         return self.kind in ("filedrop", "http", "otlp")
 
     @property
-    def evolve(self) -> bool:
-        """Whether unknown fields widen the table (DESIGN §3 defaults per kind)."""
+    def contract(self) -> SchemaContract:
+        """The connector's schema contract (DESIGN §3): ``schema_contract``, else what
+        ``schema_evolve`` means, else ``evolve`` (``drop`` for kafka)."""
+        if self.schema_contract is not None:
+            return self.schema_contract
         if self.schema_evolve is not None:
-            return self.schema_evolve
-        return self.kind != "kafka"
+            return "evolve" if self.schema_evolve else "drop"
+        return "drop" if self.kind == "kafka" else "evolve"
+
+    def contract_for(self, record_type: str) -> SchemaContract:
+        """The schema contract of one record type this connector writes: the type's own
+        ``schema_contract`` (in ``tables:``) wins over the connector's."""
+        return self._table_contracts.get(record_type, self.contract)
+
+    @property
+    def evolve(self) -> bool:
+        """Whether unknown fields may widen a table this connector writes (its contract, or
+        one of its record types' own, is ``evolve``)."""
+        return self.contract == "evolve" or "evolve" in self._table_contracts.values()
 
     @property
     def key_prefix(self) -> str:
@@ -312,6 +364,23 @@ class IdemConfig(_Model):
                     f"connector {connector.name!r}: record_type {connector.record_type!r} is not "
                     f"in tables ({', '.join(sorted(self.tables)) or 'none declared'})"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _contracts(self) -> IdemConfig:
+        """Hand each connector the ``schema_contract`` of the record types it writes that set
+        their own (:meth:`ConnectorConfig.contract_for`)."""
+        for connector in self.connectors:
+            names = (
+                [connector.record_type]
+                if connector.record_type is not None
+                else [name for name in self.tables if name not in self.implicit_tables]
+            )
+            connector._table_contracts = {
+                name: contract
+                for name in names
+                if name in self.tables and (contract := self.tables[name].schema_contract) is not None
+            }
         return self
 
     @cached_property

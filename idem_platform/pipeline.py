@@ -109,7 +109,8 @@ def record_spec(connector: ConnectorConfig, tables: dict[str, TableSpec], units:
         record_type_field=connector.record_type_field,
         id_field=connector.id_field,
         missing_id=connector.missing_id,
-        evolve=connector.evolve,
+        evolve=connector.contract == "evolve",
+        contracts={name: connector.contract_for(name) for name in tables},
         max_line_bytes=connector.max_line_bytes,
         spark_types=True,
         lines=connector.kind != "kafka",
@@ -186,4 +187,5 @@ class CoercedBatch:
                 for name, spec in sorted(self.tables.items())
             },
             "schema_versions": {name: spec.schema_version for name, spec in sorted(self.tables.items())},
+            "schema_contracts": {name: self.connector.contract_for(name) for name in sorted(self.tables)},
         }

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from idem_platform import pipeline
 from idem_platform.commit import run
@@ -276,11 +277,36 @@ def test_names_postgresql_keeps_for_itself_never_reach_ddl(pg_url: str, threatfe
 
     connector = threatfeed.connector("threatfeed")
     assert connector.path is not None
-    record = {"type": "indicator", "id": "sys-1", "name": "n", "xmin": 1, "ctid": "x", "tableoid": 2, "fresh": "y"}
-    summary = ingest(pg_url, threatfeed, spark, write_lines(connector.path / "sys.ndjson", [json.dumps(record)]))
-    assert summary["rows_written"] == 1 and summary["tables"]["indicator"]["new_columns"] == ["fresh"]
-    props, fresh = rows(pg_url, "SELECT props, fresh FROM idem.indicator WHERE _external_id = 'sys-1'")[0]
-    assert props == {"xmin": 1, "ctid": "x", "tableoid": 2} and fresh == "y"
+    # Hostile names besides: SQL, spaces, system and reserved names in any case, names a
+    # column has in another case, 63 (the limit), 64 and 300 characters, non-ASCII.
+    hostile = {
+        "xmin": 1, "ctid": "x", "tableoid": 2, "Robert'); DROP TABLE x;--": 3, "a b": 4,
+        "_idempotency_key": "forged", "PROPS": 5, "props": 6, "b" * 64: 7, "c" * 300: 8,
+        "Score": 9.5, "Zone": "Z", "naïve": "é",
+    }
+    safe = {"fresh": "y", "a" * 63: "sixty-three", "zone": "z", "select": "s", "user": "u"}
+    record = {"type": "indicator", "id": "sys-1", "name": "n", "score": 0.5, **hostile, **safe}
+    summary = ingest(
+        pg_url, threatfeed, spark, write_lines(connector.path / "sys.ndjson", [json.dumps(record, ensure_ascii=False)])
+    )
+    # Evolution adds the safe names only (in name order: they come from one row).
+    assert summary["rows_written"] == 1 and summary["tables"]["indicator"]["new_columns"] == sorted(safe)
+    wanted = sql.SQL(", ").join(sql.Identifier(name) for name in ["props", "score", "_idempotency_key", *safe])
+    with connect(pg_url) as conn:
+        props, score, key, *values = conn.execute(
+            sql.SQL("SELECT {} FROM idem.indicator WHERE _external_id = 'sys-1'").format(wanted)
+        ).fetchone()
+    assert props == hostile and score == 0.5 and key.startswith("threatfeed:indicator:sys-1:")
+    assert dict(zip(safe, values, strict=True)) == safe
+    # Each field that went to props is in the commit's table stats with why.
+    reasons = summary["tables"]["indicator"]["props_fields"]
+    assert set(reasons) == set(hostile)
+    assert reasons["xmin"] == "a PostgreSQL system column name"
+    assert reasons["_idempotency_key"] == "starts with '_', kept for idem's own columns"
+    assert reasons["props"] == "idem's own column"
+    assert reasons["PROPS"] == "has capitals: PostgreSQL folds names, it would meet 'props'"
+    assert reasons["c" * 300] == "longer than PostgreSQL's 63-byte names"
+    assert all(reasons.values())
     system = {r[0] for r in rows(pg_url, "SELECT attname FROM pg_attribute WHERE attrelid = 'idem.indicator'::regclass AND attnum < 0")}
     assert system and system <= POSTGRES_SYSTEM_COLUMNS
     own = {
@@ -289,3 +315,20 @@ def test_names_postgresql_keeps_for_itself_never_reach_ddl(pg_url: str, threatfe
         if r[0] not in threatfeed.table_specs
     }
     assert own == RESERVED_TABLE_NAMES
+
+
+def test_reserved_names_are_postgresqls_own(pg_url: str) -> None:
+    """The catalog's list of PostgreSQL's system columns and its identifier limit are the
+    server's own: ``pg_attribute`` (attnum < 0) and ``max_identifier_length`` (NAMEDATALEN - 1)."""
+    from idem_platform.catalog import (
+        MAX_IDENTIFIER_BYTES,
+        POSTGRES_SYSTEM_COLUMNS,
+        is_safe_column_name,
+    )
+
+    system = {r[0] for r in rows(pg_url, "SELECT attname FROM pg_attribute WHERE attrelid = 'pg_class'::regclass AND attnum < 0")}
+    assert system and system <= POSTGRES_SYSTEM_COLUMNS
+    assert POSTGRES_SYSTEM_COLUMNS - system <= {"oid"}  # a system column before PostgreSQL 12
+    assert not any(is_safe_column_name(name) for name in POSTGRES_SYSTEM_COLUMNS)
+    assert rows(pg_url, "SHOW max_identifier_length") == [(str(MAX_IDENTIFIER_BYTES),)]
+    assert is_safe_column_name("a" * MAX_IDENTIFIER_BYTES) and not is_safe_column_name("a" * (MAX_IDENTIFIER_BYTES + 1))

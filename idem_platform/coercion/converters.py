@@ -145,12 +145,12 @@ def _vector(name: str, dim: int) -> Converter:
         for index, item in enumerate(value):
             kind = type(item)
             if kind is not float and kind is not int:
-                raise FieldError(
-                    name, "type", f"element {index} is {json_kind(item)} {show(item)}, not a number"
-                )
+                what = "null" if item is None else f"{json_kind(item)} {show(item)}"
+                raise FieldError(name, "type", f"element {index} is {what}, not a number")
             if not -FLOAT32_MAX <= item <= FLOAT32_MAX:
                 raise FieldError(name, "range", f"element {index} ({show(item)}) out of float32 range")
-            out.append(item)
+            # A float: Arrow refuses an int float32 cannot hold exactly (16777217), failing the batch.
+            out.append(float(item))
         return out
 
     return convert

@@ -50,6 +50,9 @@ UTF8_BOM = b"\xef\xbb\xbf"  # may open a file: not part of its line 1
 _NUL_ESCAPE = b"\\u0000"
 _SURROGATE_ESCAPE = b"\\ud"  # canonical JSON escapes surrogates (pairs, and lone ones) as \udxxx
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# Schema contracts (DESIGN §3): what a record's unknown top-level fields do.
+EVOLVE, STRICT, DROP = "evolve", "strict", "drop"
+MAX_UNKNOWN_REASONS = 32  # a strict reject names at most this many unknown fields, then counts the rest
 
 SYSTEM_FIELDS = [
     pa.field("_pos", pa.int64()),
@@ -84,6 +87,11 @@ class RecordSpec:
             UTF-8 BOM may open line 1. Otherwise a blank or missing value is a reject.
         noun: what a record is called in reject reasons (``line``, ``message``).
         keep_meta: carry the source metadata (``_meta``) into the rows.
+        contracts: per record type, its schema contract: ``evolve`` (unknown
+            fields go to ``_extra``/``_props``), ``strict`` (a row with unknown
+            fields is a reject) or ``drop`` (they stay in ``_payload`` only).
+        evolve: the contract of a record type ``contracts`` does not name:
+            ``evolve`` (true) or ``drop`` (false).
     """
 
     connector: str
@@ -101,6 +109,11 @@ class RecordSpec:
     lines: bool = True
     noun: str = "line"
     keep_meta: bool = False
+    contracts: dict[str, str] = field(default_factory=dict)
+
+    def contract(self, record_type: str) -> str:
+        """The schema contract of ``record_type`` (see ``contracts``)."""
+        return self.contracts.get(record_type) or (EVOLVE if self.evolve else DROP)
 
     def output_schema(self) -> pa.Schema:
         """The Arrow schema of :func:`coerce_batch`'s output."""
@@ -140,11 +153,13 @@ def _raw_text(raw: bytes, length: int) -> str:
 class _TableRows:
     """The records routed to one record type in a batch, converted column by column at the end."""
 
-    def __init__(self, spec: TableSpec, skip: frozenset[str]) -> None:
+    def __init__(self, spec: TableSpec, skip: frozenset[str], contract: str = EVOLVE) -> None:
         self.spec = spec
         self.skip = frozenset(spec.column_names()) | skip  # fields that are never "unknown"
+        self.contract = contract
         self.rows: list[int] = []
         self.records: list[dict[str, Any]] = []
+        self.unknown: dict[int, list[dict[str, Any]]] = {}  # strict: local row -> its unknown fields' errors
 
     def add(self, row: int, record: dict[str, Any]) -> None:
         """Take a routed record (its values are read per column in :meth:`convert`)."""
@@ -165,6 +180,8 @@ class _TableRows:
             arrays.append(array)
             for index, error in column_errors:
                 errors.setdefault(index, []).append(error)
+        for index, unknown in self.unknown.items():  # after the row's column errors
+            errors.setdefault(index, []).extend(unknown)
         return arrays, errors
 
 
@@ -269,8 +286,14 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
     if spec.lines:
         raw_lengths = _without_file_bom(raws, offsets_np, raw_lengths)
     ignored = spec.ignored_fields | {spec.id_field} | ({spec.record_type_field} if spec.record_type_field else set())
-    tables = {name: _TableRows(table, frozenset(ignored)) for name, table in spec.tables.items()}
-    routes = {name: (t.rows.append, t.records.append, t.skip) for name, t in tables.items()}
+    tables = {
+        name: _TableRows(table, frozenset(ignored), spec.contract(name)) for name, table in spec.tables.items()
+    }
+    # A drop table never looks at unknown fields: its known set is None.
+    routes = {
+        name: (t.rows.append, t.records.append, None if t.contract == DROP else t.skip, t)
+        for name, t in tables.items()
+    }
     fixed_type = spec.record_type
     type_field = spec.record_type_field
     id_field = spec.id_field
@@ -278,7 +301,6 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
     prefixes = [prefix for prefix, _ in spec.units]
     noun = spec.noun
     lines = spec.lines
-    evolve = spec.evolve
     max_line_bytes = spec.max_line_bytes
     too_long = set(np.flatnonzero(raw_lengths > max_line_bytes).tolist()) if len(raws) else set()
     sha1 = hashlib.sha1
@@ -385,13 +407,18 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
             else:
                 seen_lines[raw] = row
                 fresh.append((raw, key, row))
-        add_row, add_record, skip = routes[record_type]
+        add_row, add_record, skip, table = routes[record_type]
         add_row(row)
         add_record(record)
-        if evolve and not record.keys() <= skip:
-            extra, props = _unknown(record, skip)
-            out_extra.append(extra)
-            out_props.append(props)
+        if skip is not None and not record.keys() <= skip:  # unknown fields: rare, only they cost
+            if table.contract == STRICT:  # a reject once its columns are converted (all its errors)
+                table.unknown[len(table.rows) - 1] = _unknown_field_errors(record, skip, record_type)
+                out_extra.append(None)
+                out_props.append(None)
+            else:
+                extra, props = _unknown(record, skip)
+                out_extra.append(extra)
+                out_props.append(props)
         else:
             out_extra.append(None)
             out_props.append(None)
@@ -531,6 +558,29 @@ def _unknown(record: dict[str, Any], skip: frozenset[str]) -> tuple[str | None, 
         orjson.dumps(extra, option=orjson.OPT_SORT_KEYS).decode() if extra else None,
         canonical_value_bytes(props).decode("ascii") if props else None,
     )
+
+
+def _unknown_field_errors(record: dict[str, Any], skip: frozenset[str], record_type: str) -> list[dict[str, Any]]:
+    """A strict record type's reasons: one per unknown field, in name order (at most
+    :data:`MAX_UNKNOWN_REASONS`, then one that counts the rest)."""
+    names = sorted(record.keys() - skip)
+    errors: list[dict[str, Any]] = [
+        {
+            "field": name,
+            "rule": "unknown_field",
+            "message": f"field '{name if len(name) <= 64 else name[:60] + '…'}': not in the catalog of "
+            f"{record_type} (schema_contract: strict)",
+        }
+        for name in names[:MAX_UNKNOWN_REASONS]
+    ]
+    if len(names) > MAX_UNKNOWN_REASONS:
+        errors.append({
+            "field": None,
+            "rule": "unknown_field",
+            "message": f"{len(names) - MAX_UNKNOWN_REASONS} more fields are not in the catalog of "
+            f"{record_type} (schema_contract: strict)",
+        })
+    return errors
 
 
 def coerce_batches(batches: Iterator[pa.RecordBatch], spec: RecordSpec) -> Iterator[pa.RecordBatch]:

@@ -35,13 +35,14 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from idem_platform.catalog import STRING, Column, TableSpec
+from idem_platform.catalog import STRING, Column, TableSpec, column_name_problem
 from idem_platform.coercion.records import LINE_BITS, LINE_MASK
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.commit.staging import attempt_table, drop_staging, drop_tables, staged_ident
 from idem_platform.errors import RejectRatioExceeded, TransientError
 from idem_platform.faults import checkpoint
 from idem_platform.ledger import Ledger
+from idem_platform.postgres.promotion import promote_cast
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import (
     add_column,
@@ -66,6 +67,7 @@ class StagedAttempt:
     repeats: dict[str, int] = field(default_factory=dict)  # repeats counted, not staged
     unique_keys: bool = False  # the attempt staged no key twice (no DISTINCT ON needed)
     max_timestamps: dict[int, int] = field(default_factory=dict)  # unit index -> newest source timestamp (ms)
+    props_fields: dict[str, list[str]] = field(default_factory=dict)  # record type -> fields coercion put in props
 
 
 class ClaimLost(TransientError):
@@ -144,6 +146,7 @@ class _Evolution:
     fill: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     to_props: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)  # why each of to_props is not a column
 
 
 def _insert_rows(
@@ -156,12 +159,18 @@ def _insert_rows(
     *,
     unique_keys: bool = False,
     on_conflict: bool = False,
+    promoted: dict[str, Column] | None = None,
 ) -> int:
     typed = [c.name for c in spec.columns]
+    # Promoted text columns (idem promote): their typed companions, filled from the
+    # same text by the safe cast the backfill uses (NULL when it does not cast).
+    promoted = promoted or {}
+    companions = [c for c in typed + evolution.fill if c in promoted]
     target = [
         "_idempotency_key", "_connector", "_record_type", "_external_id", "_content_hash",
         "_schema_version", "_commit_id", "_ingested_at", "_source", "_payload",
     ] + typed + evolution.fill + ["props"] + ([plan.meta_column] if plan.meta_column else [])
+    target += [str(promoted[c].typed_column) for c in companions]
     props = sql.SQL("s._props")
     if evolution.to_props:
         props = sql.SQL(
@@ -183,6 +192,14 @@ def _insert_rows(
     select.append(props)
     if plan.meta_column:
         select.append(sql.SQL("s._meta"))
+    fills = set(evolution.fill) - set(typed)
+    select += [
+        sql.SQL("{}({})").format(
+            promote_cast(promoted[c]),
+            sql.SQL("s._extra ->> {}").format(sql.Literal(c)) if c in fills else sql.SQL("s.{}").format(sql.Identifier(c)),
+        )
+        for c in companions
+    ]
     # First occurrence per key wins. An attempt whose executor vouched for distinct
     # keys needs no sort of its wide rows; the anti-join alone skips keys already
     # in the table (committed, or promoted from an earlier slice of this commit).
@@ -212,6 +229,18 @@ def _insert_rows(
         "overcap": evolution.to_props,
     }
     return conn.execute(statement, params).rowcount
+
+
+def _props_reasons(record_type: str, chosen: list[StagedAttempt], evolution: dict[str, str]) -> dict[str, str]:
+    """Every field that went to ``props`` in this commit's rows of ``record_type``, with why:
+    a name that cannot be a column (decided by coercion), or one evolution could not add."""
+    reasons = {
+        name: column_name_problem(name) or "not a column of this record type"
+        for message in chosen
+        for name in message.props_fields.get(record_type, ())
+    }
+    reasons.update(evolution)
+    return dict(sorted(reasons.items()))
 
 
 def _insert_rejects(conn: psycopg.Connection, plan: CommitPlan, chosen: list[StagedAttempt]) -> int:
@@ -303,10 +332,14 @@ class Promotion:
         self.written = dict.fromkeys(self.plan.tables, 0)
         self.added: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}
         self.to_props: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}
+        self.props_reasons: dict[str, dict[str, str]] = {rt: {} for rt in self.plan.tables}
         self.budget = MAX_NEW_COLUMNS
         self.inserted: set[tuple[str, int]] = set()  # (record type, partition) already inserted
         self.deferred: set[str] = set()  # record types left to the promote (a new column is needed)
         self.filled: set[str] = set()  # record types whose evolved columns got values
+        # Per record type, its promoted text columns, read once its table is locked in
+        # this transaction (an ``idem promote`` cannot add a companion column after that).
+        self.promotions: dict[str, dict[str, Column]] = {}
 
     def __enter__(self) -> Promotion:
         return self
@@ -378,8 +411,25 @@ class Promotion:
             transaction.__exit__(type(exc), exc, exc.__traceback__)
         self._reset()
 
+    def _promoted(self, record_type: str) -> dict[str, Column]:
+        """The table's promoted text columns (``idem promote``), read under its lock.
+
+        The first insert of a transaction into a table takes the ``ROW EXCLUSIVE``
+        lock its INSERT would take anyway, then reads the columns: a promotion's
+        ``ALTER TABLE`` committed before is seen, and none can commit after it until
+        this transaction ends. So no row of this commit misses its typed value, and
+        the promotion's backfill sees every row committed before its column was.
+        """
+        found = self.promotions.get(record_type)
+        if found is None:
+            self.conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(table_ident(record_type)))
+            spec = effective_spec(self.plan.tables[record_type], existing_columns(self.conn, record_type))
+            found = self.promotions[record_type] = {c.name: c for c in spec.promoted_columns()}
+        return found
+
     def _insert(self, record_type: str, stage: sql.Composed, message: StagedAttempt, evolution: _Evolution) -> None:
         with _lock_wait(self.plan, f"table idem.{record_type}", streaming=self.streaming):
+            promoted = self._promoted(record_type)
             self.written[record_type] += _insert_rows(
                 self.conn,
                 self.plan,
@@ -389,6 +439,7 @@ class Promotion:
                 evolution,
                 unique_keys=message.unique_keys,
                 on_conflict=not self.streaming,
+                promoted=promoted,
             )
         self.inserted.add((record_type, message.partition))
         if evolution.fill:
@@ -396,6 +447,7 @@ class Promotion:
         for key in evolution.to_props:
             if key not in self.to_props[record_type]:
                 self.to_props[record_type].append(key)
+        self.props_reasons[record_type].update(evolution.reasons)
 
     def _evolution_without_columns(self, record_type: str, keys: list[str]) -> _Evolution | None:
         """Where unknown fields go when no column has to be added; ``None`` if one has."""
@@ -405,7 +457,11 @@ class Promotion:
             type_ = columns.get(key)
             if type_ is None:
                 return None
-            (result.fill if type_ == STRING.postgres else result.to_props).append(key)
+            if type_ == STRING.postgres:
+                result.fill.append(key)
+            else:
+                result.to_props.append(key)
+                result.reasons[key] = f"idem.{record_type} has a {type_} column of that name, not text"
         return result
 
     def _evolve(self, record_type: str, keys: list[str]) -> _Evolution:
@@ -423,6 +479,11 @@ class Promotion:
                 result.fill.append(key)
             else:
                 result.to_props.append(key)
+                result.reasons[key] = (
+                    f"idem.{record_type} has a {type_} column of that name, not text"
+                    if type_ is not None
+                    else f"over the {MAX_NEW_COLUMNS} new columns one batch may add"
+                )
         return result
 
     def _promote_rest(self, chosen: list[StagedAttempt]) -> None:
@@ -503,7 +564,13 @@ class Promotion:
         checkpoint("before_promote")
         with _lock_wait(plan, "the source's committed offsets"):
             moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
-        rows_rejected = _insert_rejects(self.conn, plan, chosen) if rejected else 0
+        # A step that keeps the rejects itself (the quarantine's retry updates the rejects it
+        # read instead of adding rows) is handed the accepted attempts' reject tables.
+        record_rejects = getattr(plan.step, "record_rejects", None)
+        if record_rejects is not None:
+            rows_rejected = record_rejects(self.conn, plan, _rejects_tables(plan, chosen))
+        else:
+            rows_rejected = _insert_rejects(self.conn, plan, chosen) if rejected else 0
         if rows_rejected != rejected:
             raise TransientError(f"staged {rejected} rejects but promoted {rows_rejected}; nothing was committed")
         tables = {
@@ -512,6 +579,7 @@ class Promotion:
                 "skipped": staged[rt] - self.written[rt],
                 "new_columns": self.added[rt],
                 "to_props": self.to_props[rt],
+                "props_fields": _props_reasons(rt, chosen, self.props_reasons[rt]),
             }
             for rt in sorted(plan.tables)
             if staged[rt]

@@ -199,6 +199,16 @@ def staged_rows(batch: pa.RecordBatch, record_type: str, spec: TableSpec) -> tup
     return pa.RecordBatch.from_arrays(arrays, names=names), rows.num_rows - rows.column("_extra").null_count
 
 
+def props_field_names(batch: pa.RecordBatch, record_type: str) -> set[str]:
+    """The fields that went to ``props`` in the batch's rows of ``record_type`` (only rows
+    that have any are parsed: most batches have none)."""
+    props = batch.column("_props")
+    if props.null_count == len(props):
+        return set()
+    mask = pc.and_(pc.equal(batch.column("_record_type"), record_type), pc.is_valid(props))
+    return {name for text in props.filter(mask).to_pylist() for name in json.loads(text)}
+
+
 def staged_rejects(batch: pa.RecordBatch) -> pa.RecordBatch:
     """The batch's rejects in staging column order."""
     rows = batch.filter(pc.is_valid(batch.column("_errors")))
@@ -257,6 +267,7 @@ class StagingWriter:
         self.conn = connect(url, autocommit=True, application_name=f"idem-stage-{attempt[:8]}")
         self.rows: dict[str, int] = {}
         self.with_extra: dict[str, int] = {}
+        self.props_fields: dict[str, set[str]] = {}  # record type -> fields that went to props
         self.rejected = 0
         self._copiers: dict[str, BinaryCopy] = {}
 
@@ -277,6 +288,9 @@ class StagingWriter:
                 self._copy(self.plan.staging_table(record_type), rows)
                 self.rows[record_type] = self.rows.get(record_type, 0) + rows.num_rows
                 self.with_extra[record_type] = self.with_extra.get(record_type, 0) + with_extra
+                props = props_field_names(batch, record_type)
+                if props:
+                    self.props_fields.setdefault(record_type, set()).update(props)
         rejects = staged_rejects(batch)
         if rejects.num_rows:
             self._copy(self.plan.rejects_table, rejects)

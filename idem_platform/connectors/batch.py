@@ -131,6 +131,11 @@ class CommitStep(Protocol):
         """Best effort, after COMMIT: never raises; returns fields for the result."""
         ...
 
+    # Optional: ``record_rejects(conn, plan, stages) -> int``. A step that has it keeps the
+    # batch's rejects itself, inside the promoting transaction, instead of new
+    # ``idem.rejects`` rows (the quarantine's retry hands still-failing rejects back);
+    # ``stages`` are the accepted attempts' reject tables; it returns how many it kept.
+
 
 @dataclass(frozen=True)
 class SourceBatch:
@@ -206,4 +211,5 @@ _NOUNS = {
     "": ("units", "ledger_keys", "records", "slices"),
     "filedrop": ("files", "file_keys", "lines", "splits"),
     "kafka": ("ranges", "ledger_keys", "messages", "slices"),
+    "rejects": ("rejected_sources", "ledger_keys", "rejects", "slices"),
 }

@@ -12,6 +12,8 @@ from idem_platform.defs.filedrop.definitions import filedrop_definitions
 from idem_platform.defs.io_managers import SparkPlanIOManager, WarehouseIOManager
 from idem_platform.defs.kafka.definitions import kafka_definitions
 from idem_platform.defs.maintenance import ledger_purge_job, ledger_purge_schedule
+from idem_platform.defs.promotion import promote_column_job
+from idem_platform.defs.rejects import rejects_definitions
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.connection import POSTGRES_URL_ENV
@@ -95,12 +97,13 @@ def build_definitions(
                 path=str(config.source) if config.source else None,
                 key="connectors",
             )
+        parts.append(rejects_definitions(config, connector))  # <connector>_retry_rejects
     base = dg.Definitions(
         # Every job runs its steps in one process, the implicit asset job of the UI's
         # "Materialize" and backfills included: the steps share one Spark session, and
         # a replay costs seconds, not a process per step.
         executor=dg.in_process_executor,
-        jobs=[ledger_purge_job],
+        jobs=[ledger_purge_job, promote_column_job(config)],
         schedules=[ledger_purge_schedule],
         resources=resources_for(config, postgres_url=postgres_url),
     )

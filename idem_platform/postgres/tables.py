@@ -16,7 +16,16 @@ import json
 import psycopg
 from psycopg import sql
 
-from idem_platform.catalog import MAX_IDENTIFIER_BYTES, STRING, SYSTEM_COLUMNS, Column, TableSpec
+from idem_platform.catalog import (
+    MAX_IDENTIFIER_BYTES,
+    PROMOTABLE_KINDS,
+    STRING,
+    SYSTEM_COLUMNS,
+    Column,
+    ColumnType,
+    TableSpec,
+    typed_column_name,
+)
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.schema import DDL_LOCK_ID, SCHEMA
 
@@ -93,7 +102,8 @@ def add_system_column(conn: psycopg.Connection, record_types: list[str], name: s
 
 
 def effective_spec(spec: TableSpec, columns: dict[str, str]) -> TableSpec:
-    """The declared spec plus text columns that evolution added earlier."""
+    """The declared spec plus text columns that evolution added earlier, each marked
+    with its promotion (``idem promote``) when its typed companion column exists."""
     system = {name for name, _ in SYSTEM_COLUMNS} | {"props"}
     declared = set(spec.column_names())
     evolved = [
@@ -101,7 +111,23 @@ def effective_spec(spec: TableSpec, columns: dict[str, str]) -> TableSpec:
         for name, type_ in columns.items()
         if name not in system and name not in declared and type_ == STRING.postgres
     ]
-    return spec.with_evolved(evolved)
+    widened = spec.with_evolved(evolved)
+    return widened.with_promotions(promotions(widened, columns))
+
+
+def promotions(spec: TableSpec, columns: dict[str, str]) -> dict[str, ColumnType]:
+    """Text column -> promoted type, for the spec's text columns whose typed companion
+    column (:func:`~idem_platform.catalog.typed_column_name`) exists with its type."""
+    found: dict[str, ColumnType] = {}
+    for column in spec.columns:
+        if column.type != STRING:
+            continue
+        for kind in PROMOTABLE_KINDS:
+            target = ColumnType(kind)
+            if columns.get(typed_column_name(column.name, kind)) == target.postgres:
+                found[column.name] = target
+                break
+    return found
 
 
 def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[str, TableSpec]:
@@ -149,6 +175,7 @@ def record_catalog(conn: psycopg.Connection, spec: TableSpec) -> None:
     """Upsert the ``idem.catalog`` row of a record type."""
     columns = [
         {"name": c.name, "type": str(c.type), "required": c.required, "evolved": c.evolved}
+        | ({"promoted_to": str(c.promoted), "promoted_column": c.typed_column} if c.promoted is not None else {})
         for c in spec.columns
     ]
     conn.execute(

@@ -72,6 +72,7 @@ def stage_slice(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[
         attempt=attempt,
         rows=writer.rows,
         with_extra=writer.with_extra,
+        props_fields={rt: sorted(names) for rt, names in writer.props_fields.items()},
         rejected=writer.rejected,
         repeats=repeats.skipped,
         unique_keys=repeats.unique,
