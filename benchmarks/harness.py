@@ -147,12 +147,10 @@ class Phase:
         return self.records / self.wall if self.wall else 0.0
 
 
-def run_ingest(
-    name: str, path: Path | None, records: int, env: dict[str, str], config: Path, *, connector: str = "threatfeed"
-) -> Phase:
-    """Run `idem ingest` (of ``path``, or of a Kafka connector's lag) in a child process and measure it."""
-    command = [sys.executable, "-m", "idem_platform.cli", "ingest", "--config", str(config), "--connector", connector]
-    command += [str(path)] if path is not None else []
+def run_idem(name: str, args: list[str], env: dict[str, str]) -> tuple[float, dict[str, Any], float, float]:
+    """Run ``idem ARGS`` in a child process, watching its memory: wall seconds, its JSON
+    summary (the last line of stdout), and the peak MiB of the driver and the Spark JVM."""
+    command = [sys.executable, "-m", "idem_platform.cli", *args]
     started = time.monotonic()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watch = Watch(process.pid)
@@ -164,8 +162,16 @@ def run_ingest(
     thread.join()
     if process.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{stderr[-4000:]}")
-    summary = json.loads(stdout.strip().splitlines()[-1])
-    return Phase(name, records, wall, summary, watch.driver_peak / 2**20, watch.jvm_peak / 2**20)
+    return wall, json.loads(stdout.strip().splitlines()[-1]), watch.driver_peak / 2**20, watch.jvm_peak / 2**20
+
+
+def run_ingest(
+    name: str, path: Path | None, records: int, env: dict[str, str], config: Path, *, connector: str = "threatfeed"
+) -> Phase:
+    """Run `idem ingest` (of ``path``, or of a Kafka connector's lag) in a child process and measure it."""
+    args = ["ingest", "--config", str(config), "--connector", connector, *([str(path)] if path is not None else [])]
+    wall, summary, driver, jvm = run_idem(name, args, env)
+    return Phase(name, records, wall, summary, driver, jvm)
 
 
 def environment(url: str, home: Path, master: str) -> dict[str, str]:

@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import CONFIG, Watch, embedded_server, environment, fresh_database  # noqa: E402
+from benchmarks.harness import CONFIG, embedded_server, environment, fresh_database, run_idem  # noqa: E402
 from idem_platform.samples import threatfeed_lines, write_lines  # noqa: E402
 
 STRICT = CONFIG
@@ -59,19 +56,7 @@ def bad_feed(path: Path, records: int, *, seed: int = 42) -> int:
 
 def run_cli(name: str, args: list[str], env: dict[str, str], config: Path) -> tuple[float, dict[str, Any], float, float]:
     """Run ``idem ARGS --config CONFIG`` as a child process; return wall seconds, its JSON summary, peak MiB."""
-    command = [sys.executable, "-m", "idem_platform.cli", *args, "--config", str(config)]
-    started = time.monotonic()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    watch = Watch(process.pid)
-    thread = threading.Thread(target=watch.run, daemon=True)
-    thread.start()
-    stdout, stderr = process.communicate()
-    wall = time.monotonic() - started
-    watch.stop()
-    thread.join()
-    if process.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{stderr[-4000:]}")
-    return wall, json.loads(stdout.strip().splitlines()[-1]), watch.driver_peak / 2**20, watch.jvm_peak / 2**20
+    return run_idem(name, [*args, "--config", str(config)], env)
 
 
 def main() -> int:
