@@ -78,6 +78,7 @@ def strong_locks(url: str, table: str) -> list[tuple[str, str]]:
         return conn.execute(
             "SELECT a.application_name, l.mode FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.relation = %s::regclass AND l.granted AND l.pid <> pg_backend_pid() "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')",
             [f'idem."{table}"'],
         ).fetchall()
@@ -276,7 +277,9 @@ def commit_once_blocked(url: str, other: psycopg.Connection, timeout: float = 12
     with connect(url, autocommit=True) as probe:
         while time.monotonic() < deadline:
             waiting = probe.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem-commit' AND wait_event_type = 'Lock'"
+                # this test's database only: another suite on the same server has idem-commits too
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem-commit' "
+                "AND wait_event_type = 'Lock' AND datname = current_database()"
             ).fetchone()
             if waiting and waiting[0]:
                 break
