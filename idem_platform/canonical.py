@@ -278,3 +278,15 @@ def _first_repeat(value: Any) -> RepeatedKey | None:
         inner = [(child, (*path, step)) for step, child in children if isinstance(child, (dict, list))]
         stack.extend(reversed(inner))
     return None
+
+
+def has_nul(value: Any) -> bool:
+    """Whether a parsed JSON value holds a NUL character in any key or string (PostgreSQL
+    stores none: such a record is a reject, wherever it came from)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in k or has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(has_nul(v) for v in value)
+    return False

@@ -35,6 +35,7 @@ from idem_platform.canonical import (
     InvalidJSON,
     RepeatedKey,
     canonical_value_bytes,
+    has_nul,
     parse_and_canonicalize,
     repeated_key,
 )
@@ -351,7 +352,7 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
                 raise _line_error("json", f"{noun} is not valid JSON: {exc}") from None
             if type(record) is not dict:
                 raise _line_error("not_object", f"{noun} is {json_kind(record)}, not a JSON object")
-            if _NUL_ESCAPE in canonical and _has_nul(record):
+            if _NUL_ESCAPE in canonical and has_nul(record):
                 raise _line_error(
                     "nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store"
                 )
@@ -646,12 +647,3 @@ def _lone_surrogate(value: Any) -> str | None:
     return None
 
 
-def _has_nul(value: Any) -> bool:
-    """Whether a parsed value holds a NUL character in any key or string."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any("\x00" in k or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False

@@ -68,6 +68,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 
+from idem_platform.canonical import has_nul
 from idem_platform.coercion.timestamps import NS_MAX
 
 PROTOBUF = "application/x-protobuf"
@@ -415,19 +416,11 @@ def _without_nul(value: Any) -> Any:
     The ingest path would reject such a record later; rejecting it here tells the
     exporter (``partial_success``) instead of answering success for a reject.
     """
-    if _has_nul(value):
+    if has_nul(value):
         raise _Rejected("a string holds a NUL character (\\u0000), which PostgreSQL cannot store")
     return value
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any("\x00" in key or _has_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(item) for item in value)
-    return False
 
 
 def _record(
