@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from idem_platform import pipeline
 from idem_platform.coercion.records import RAW_CAP
@@ -23,54 +24,29 @@ from idem_platform.postgres.tables import sync_tables
 from idem_platform.rejects import list_rejects
 from idem_platform.rejects_retry import human_retry_summary, retry_rejects
 from idem_platform.samples import threatfeed_lines, write_lines
-from idem_platform_tests.conftest import reset_database, write_config
+from idem_platform_tests.conftest import example_text, reset_database, write_config
 
 TABLES = ("indicator", "malware", "threat-actor", "campaign")
 
+
+def catalog(*, name_required: bool = True, campaign: bool = False) -> str:
+    """The example's file drop (``conftest.example_text``) on ``local[2]``, with ``name``
+    required or not, and with or without a ``campaign`` table."""
+    data = yaml.safe_load(example_text())
+    data["spark"] = {"master": "local[2]"}
+    for table in data["tables"].values():
+        table["columns"]["name"] = {"type": "string", "required": name_required}
+    if campaign:
+        data["tables"]["campaign"] = {"columns": {"name": "string", "budget": "long"}}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 # The catalog the bad lines fail: `name` required, no `campaign` table.
-STRICT = """
-connectors:
-  - name: threatfeed
-    kind: filedrop
-    path: drop/threatfeed
-    record_type_field: type
-    id_field: id
-    missing_id: position
-tables:
-  indicator:
-    columns:
-      name: {type: string, required: true}
-      confidence: int
-      score: real
-      created: timestamp
-      embedding: vector(8)
-      tags: dynamic
-      active: bool
-  malware:
-    columns:
-      name: {type: string, required: true}
-      family: string
-      first_seen: timestamp
-      sample_size: long
-      is_packed: bool
-      labels: dynamic
-  threat-actor:
-    columns:
-      name: {type: string, required: true}
-      aliases: dynamic
-      sophistication: int
-      score: real
-      last_seen: timestamp
-      observed_count: long
-spark:
-  master: local[2]
-"""
+STRICT = catalog()
 # The fix: `name` no longer required, and a `campaign` table for records of that type.
-FIXED = STRICT.replace("{type: string, required: true}", "string").replace(
-    "spark:", "  campaign:\n    columns:\n      name: string\n      budget: long\nspark:"
-)
+FIXED = catalog(name_required=False, campaign=True)
 # Only `name` made optional: campaigns still have no table.
-NAME_ONLY = STRICT.replace("{type: string, required: true}", "string")
+NAME_ONLY = catalog(name_required=False)
 
 LINES = [
     '{"type":"indicator","id":"ioc-1","name":"good.example","confidence":80}',
