@@ -36,7 +36,6 @@ from typing import Any
 
 import orjson
 
-_SMALL_EXPONENT = re.compile(rb"[0-9]e-")
 _ESCAPE_ERRORS = "idem-json-escape"
 
 
@@ -80,9 +79,39 @@ def _exact(fast: bytes) -> bytes | None:
             fast = escaped.replace(b"\\x", b"\\u00")
     if b"\x7f" in fast:
         fast = fast.replace(b"\x7f", b"\\u007f")
-    if b"0.0000" in fast or (b"e-" in fast and _SMALL_EXPONENT.search(fast) is not None):
+    if (b"e-" in fast and _in_number(fast, b"e-")) or (b"0.0000" in fast and _in_number(fast, b"0.0000")):
         return None
     return fast
+
+
+_NUMBER_CHARS = frozenset(b"0123456789.")
+_BEFORE_VALUE = frozenset(b":,[")
+
+
+def _in_number(fast: bytes, marker: bytes) -> bool:
+    """Whether ``marker`` (``e-`` or ``0.0000``) occurs inside a JSON number of ``fast``.
+
+    In compact JSON a number starts the text or follows ``:``, ``,`` or ``[``: walk
+    back from each occurrence over digits, ``.`` and one ``-``. Text inside strings
+    may pass (the slow path is then taken without need); a number never escapes.
+    Ids such as UUIDs (``…339e-9ecc…``) do not pass: they sent one threat-feed
+    record in seven down the slow path, and a regular expression over every record
+    with an ``e-`` cost more than the slow path saved. ``bytes.find`` is a memchr.
+    """
+    at = fast.find(marker)
+    while at >= 0:
+        if marker[0] == 101 and (at == 0 or fast[at - 1] not in _NUMBER_CHARS):  # "e-" needs a digit before it
+            at = fast.find(marker, at + 1)
+            continue
+        j = at - 1
+        while j >= 0 and fast[j] in _NUMBER_CHARS:
+            j -= 1
+        if j >= 0 and fast[j] == 45:  # "-"
+            j -= 1
+        if j < 0 or fast[j] in _BEFORE_VALUE:
+            return True
+        at = fast.find(marker, at + 1)
+    return False
 
 
 class InvalidJSON(ValueError):

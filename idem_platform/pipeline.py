@@ -50,7 +50,7 @@ def plan_files(url: str, connector: ConnectorConfig, paths: Sequence[str | Path]
 
     hashed = [hash_file(p, max_split_bytes=connector.split_bytes) for p in dict.fromkeys(Path(p).resolve() for p in paths)]
     entries = read_ledger(url, connector.name, sorted({f.key for f in hashed}))
-    return batch_of_files(connector.name, hashed, entries)
+    return batch_of_files(connector.name, hashed, entries, max_slice_bytes=connector.split_bytes)
 
 
 def plan_batch(
@@ -116,6 +116,9 @@ def record_spec(connector: ConnectorConfig, tables: dict[str, TableSpec], units:
         lines=connector.kind != "kafka",
         noun="message" if connector.kind == "kafka" else "line",
         keep_meta=connector.meta_column is not None,
+        version_field=connector.schema_version_field,
+        declared_version=connector.schema_version,
+        migrations=connector.migrations,
     )
 
 

@@ -23,7 +23,7 @@ from idem_platform.commit.staging import (
     new_attempt_id,
 )
 from idem_platform.config import IdemConfig
-from idem_platform.connectors.filedrop import Split, batch_of_files, hash_file
+from idem_platform.connectors.filedrop import FileSlice, Split, batch_of_files, hash_file
 from idem_platform.errors import TransientError
 from idem_platform.ledger import Ledger
 from idem_platform.postgres import connect
@@ -56,7 +56,7 @@ def staged(pg_url: str, threatfeed: IdemConfig, tmp_path: Path) -> tuple[CommitP
     commit_id = str(uuid.uuid4())
     plan = CommitPlan(
         commit_id=commit_id, connector="threatfeed", run_id="t", owner=f"t/{commit_id}", units=batch.pending,
-        slices=batch.slices, tables=tables, evolve=True, max_reject_ratio=1.0, replay=False,
+        slices=tuple(FileSlice(((file, split),)) for split in file.splits), tables=tables, evolve=True, max_reject_ratio=1.0, replay=False,
         replay_window_seconds=3600, started_at=datetime.now(UTC).isoformat(), spec=spec,
     )
     with connect(pg_url) as conn:

@@ -187,7 +187,7 @@ class SourceBatch:
         return replace(
             self,
             pending=pending,
-            slices=tuple(s for s in self.slices if set(s.unit_ids) <= ids),
+            slices=tuple(s for s in (_restricted(s, ids) for s in self.slices) if s is not None),
             replayed=self.replayed + tuple(u for u in self.pending if u.key in done),
             priors=merged,
             step=step,
@@ -205,6 +205,15 @@ class SourceBatch:
             "already_committed": [u.title for u in self.replayed],
             **({"notes": list(self.notes)} if self.notes else {}),
         }
+
+
+def _restricted(piece: Slice, ids: set[str]) -> Slice | None:
+    """``piece`` reading only units in ``ids``: itself, the part a slice spanning several
+    units keeps (``restricted_to``), or ``None`` when nothing of it is left to read."""
+    if set(piece.unit_ids) <= ids:
+        return piece
+    restrict = getattr(piece, "restricted_to", None)
+    return restrict(ids) if restrict is not None else None
 
 
 _NOUNS = {

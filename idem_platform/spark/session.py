@@ -5,6 +5,11 @@ otherwise workers may start another Python without our package. The Python data
 source ``idem_source_records`` is registered on first use (:func:`register_sources`):
 registering starts a Python planner process (~1.2 s here) that the commit path,
 which never reads through it, should not wait for.
+
+With ``spark.remote`` in the settings (or ``IDEM_SPARK_REMOTE`` set), the session
+is a Spark Connect client of a long-lived server
+(:mod:`idem_platform.spark.connect_server`): no JVM starts in this process, and
+the server's master is whatever it was started with.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import weakref
 from collections.abc import Iterator, Mapping
 
 from pyspark.sql import SparkSession
+
+from idem_platform.config import SPARK_REMOTE_ENV as REMOTE_ENV
 
 DEFAULT_CONF: dict[str, str] = {
     "spark.app.name": "idem_platform",
@@ -61,6 +68,37 @@ def is_local_master(master: str) -> bool:
     return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
 
 
+# What a Connect client may set on its session (runtime SQL settings); the rest
+# (master, memory, JVM options) belongs to the server.
+REMOTE_SESSION_CONF = ("spark.sql.session.timeZone", "spark.sql.execution.arrow.maxRecordsPerBatch")
+
+
+def remote_url(conf: Mapping[str, str] | None = None) -> str | None:
+    """The Spark Connect server to use: ``spark.remote`` of the settings, else ``IDEM_SPARK_REMOTE``."""
+    return (conf or {}).get("spark.remote") or os.environ.get(REMOTE_ENV) or None
+
+
+def is_remote(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDD API)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks run at once: the context's default parallelism, or for a Connect
+    session the server's ``local[N]`` (``local[*]``: this machine's cores, the server
+    being local); any other master counts as 2 until it says otherwise."""
+    if not is_remote(spark):
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    try:
+        master = str(spark.conf.get("spark.master"))
+    except Exception:  # noqa: BLE001 - an older server: assume a small machine
+        return 2
+    if master.startswith("local["):
+        count = master[len("local[") :].split(",")[0].rstrip("]")
+        return os.cpu_count() or 2 if count == "*" else max(1, int(count)) if count.isdigit() else 2
+    return 1 if master == "local" else 2
+
+
 def pin_python() -> None:
     """Make Spark's workers run this interpreter (unless the user chose one)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -90,6 +128,12 @@ def build_session(conf: Mapping[str, str] | None = None) -> SparkSession:
     long-lived code servers want.
     """
     pin_python()
+    remote = remote_url(conf)
+    if remote is not None:
+        builder = SparkSession.builder.remote(remote)
+        for key in REMOTE_SESSION_CONF:
+            builder = builder.config(key, (conf or {}).get(key, DEFAULT_CONF[key]))
+        return builder.getOrCreate()
     settings = {**DEFAULT_CONF, **(conf or {})}
     if SparkSession.getActiveSession() is None:
         options = driver_java_options(settings.get("spark.driver.extraJavaOptions"))
@@ -126,7 +170,9 @@ def _warm(conf: dict[str, str]) -> None:
         spark = build_session(conf)
     except Exception:  # noqa: BLE001 - reported by the run itself
         return
-    slots = max(1, int(spark.sparkContext.defaultParallelism))
+    if is_remote(spark):
+        return  # the server is warm already: connecting was the whole cost
+    slots = task_slots(spark)
 
     def touch(indexes: Iterator[int]) -> Iterator[int]:
         import idem_platform.spark.stage  # noqa: F401 - the import is the warm-up

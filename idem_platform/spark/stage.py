@@ -11,6 +11,10 @@ One job per slice (as many in flight as Spark has task slots) lets the driver
 promote slice *k* while the executors stage the next ones: PostgreSQL's insert
 work overlaps the executors' work instead of following it.
 
+On a Spark Connect session (no RDD API) a job is ``spark.range(k, k+1)``
+mapped in Arrow by the same task body, whose one output row is the pickled
+message; ``collect`` again returns only the accepted attempt's row.
+
 The tasks read their slices themselves, so no row crosses the JVM: a job is a
 plain RDD job over one slice index (no Catalyst plan or codegen per slice; half
 the driver JVM's CPU of a ``mapInArrow`` job here), while the per-record Python
@@ -26,6 +30,7 @@ that reached the driver are promoted, in one transaction.
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +44,7 @@ from idem_platform.commit.promote import StagedAttempt
 from idem_platform.commit.staging import StagingWriter, new_attempt_id
 from idem_platform.errors import TransientError
 from idem_platform.faults import checkpoint
+from idem_platform.spark.session import is_remote, task_slots
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -93,6 +99,14 @@ def _note_newest(records: pa.RecordBatch, newest: dict[int, int]) -> None:
             newest[unit] = max(int(row["stamp_max"]), newest.get(unit, row["stamp_max"]))
 
 
+def stage_slice_arrow(batches: Iterator[pa.RecordBatch], url: str, plan: CommitPlan) -> Iterator[pa.RecordBatch]:
+    """Task body of a Spark Connect job: the slice index arrives as the one row of
+    ``spark.range``; the message leaves pickled, as the one row of the output."""
+    indexes = [int(i) for batch in batches for i in batch.column(0).to_pylist()]
+    for message in stage_slice(iter(indexes), url, plan):
+        yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(message)], pa.binary())], names=["message"])
+
+
 class StagingJobs:
     """The staging jobs of one commit, submitted from a thread pool, cancelled together.
 
@@ -108,7 +122,8 @@ class StagingJobs:
         self.task_seconds: dict[int, float] = {}
         self.attempt_numbers: dict[int, int] = {}
         # A batch with nothing to read (empty files) stages nothing and needs no session.
-        slots = max(1, int(spark.sparkContext.defaultParallelism)) if spark is not None else 1
+        slots = task_slots(spark) if spark is not None else 1
+        self.remote = spark is not None and is_remote(spark)
         self.pool = ThreadPoolExecutor(max_workers=min(slots, max(1, len(plan.slices))), thread_name_prefix="idem-stage")
         self.futures: list[Future[StagedAttempt]] = []
 
@@ -121,12 +136,17 @@ class StagingJobs:
             for future in self.futures:
                 future.cancel()
             if self.spark is not None:
-                self.spark.sparkContext.cancelJobGroup(self.group)
+                if self.remote:
+                    self.spark.interruptTag(self.group)
+                else:
+                    self.spark.sparkContext.cancelJobGroup(self.group)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self, index: int) -> StagedAttempt:
         if self.spark is None:
             raise TransientError(f"slice {index} of commit {self.plan.commit_id} has records but no Spark session")
+        if self.remote:
+            return self._run_remote(index)
         context = self.spark.sparkContext
         context.setJobGroup(self.group, f"idem: stage slice {index} of commit {self.plan.commit_id}", True)
         url, plan = self.url, self.plan
@@ -137,6 +157,25 @@ class StagingJobs:
         # A plain RDD job: no Catalyst plan or codegen per slice, and collect()
         # returns the message of the one attempt Spark accepted.
         ((staged, seconds, attempt_number),) = context.parallelize([index], 1).mapPartitions(body).collect()
+        self.task_seconds[index] = seconds
+        self.attempt_numbers[index] = attempt_number
+        return staged
+
+    def _run_remote(self, index: int) -> StagedAttempt:
+        """The slice's job on a Spark Connect session (tagged per thread, interrupted together)."""
+        spark = self.spark
+        assert spark is not None
+        spark.addTag(self.group)
+        url, plan = self.url, self.plan
+
+        def body(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return stage_slice_arrow(batches, url, plan)
+
+        try:
+            ((payload,),) = spark.range(index, index + 1, 1, 1).mapInArrow(body, "message binary").collect()
+        finally:
+            spark.removeTag(self.group)
+        staged, seconds, attempt_number = pickle.loads(payload)
         self.task_seconds[index] = seconds
         self.attempt_numbers[index] = attempt_number
         return staged

@@ -1,15 +1,18 @@
-"""Hash a dropped file once, in chunks, into its file key and its read splits.
+"""Hash a dropped file once, in chunks, into its file key and its line-aligned pieces.
 
 A 2 GB file is never read into memory: it is read in 8 MiB chunks that feed
-SHA-256 (the file key), count newlines and cut byte-range splits at line
-boundaries. Each split knows its first line number (so positions ``#L<line>``
-stay exact when executors read splits in parallel) and the CRC-32 of its bytes
-(so an executor notices when the file changed after it was hashed, and the
-batch fails instead of committing rows that do not match the key).
+SHA-256 (the file key), count newlines and cut byte-range *pieces* of about
+:data:`PIECE_BYTES` at line boundaries. Each piece knows its first line number
+(so positions ``#L<line>`` stay exact when executors read pieces in parallel)
+and the CRC-32 of its bytes (so an executor notices when the file changed after
+it was hashed, and the batch fails instead of committing rows that do not match
+the key).
 
-The last :data:`TAIL_SPLITS` splits' worth of a file is cut into pieces a
-quarter of the size: the promote of the splits staged last is the one part of a
-commit that nothing overlaps, so the smaller they are, the shorter the wait.
+Pieces are the grain, not the tasks: the batch's planner
+(:mod:`idem_platform.connectors.filedrop.plan`) packs the pieces of every file of
+a batch into read slices sized over the whole batch, so ten files make as many
+Spark tasks as one file of the same bytes, and a thousand small files share a
+handful of tasks.
 """
 
 from __future__ import annotations
@@ -28,8 +31,7 @@ from idem_platform.keys import file_key_from_digest
 
 CHUNK_BYTES = 8 << 20
 MIN_SPLIT_BYTES = 1 << 20
-TARGET_SPLITS = 8
-TAIL_SPLITS = 2  # the last wave on two task slots, cut into quarters
+PIECE_BYTES = 2 << 20  # the grain slices are packed from: fine enough for the batch's last, small slices
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Split:
 
 @dataclass(frozen=True)
 class DroppedFile:
-    """A dropped file as hashed: identity, size and the splits executors read."""
+    """A dropped file as hashed: identity, size and its line-aligned pieces (``splits``)."""
 
     path: str
     sha256: str
@@ -70,8 +72,9 @@ class DroppedFile:
 
 
 def split_size_for(size: int, max_split_bytes: int) -> int:
-    """Aim for :data:`TARGET_SPLITS` splits so small files still use every core."""
-    return max(MIN_SPLIT_BYTES, min(max_split_bytes, -(-size // TARGET_SPLITS)))
+    """Bytes per piece: :data:`PIECE_BYTES`, never more than the connector's ``split_bytes``
+    (``size`` is the file's; a file smaller than one piece is one piece)."""
+    return max(MIN_SPLIT_BYTES, min(max_split_bytes, PIECE_BYTES, max(size, 1)))
 
 
 _recent: OrderedDict[tuple[str, int, int, int], DroppedFile] = OrderedDict()
@@ -133,8 +136,6 @@ def open_regular(path: Path) -> BinaryIO:
 
 def _hash(path: Path, before: os.stat_result, max_split_bytes: int, chunk_bytes: int) -> DroppedFile:
     split_bytes = split_size_for(before.st_size, max_split_bytes)
-    tail_bytes = max(MIN_SPLIT_BYTES, split_bytes // 4)
-    tail_start = before.st_size - TAIL_SPLITS * split_bytes
     sha = hashlib.sha256()
     splits: list[Split] = []
     newlines = 0
@@ -147,7 +148,7 @@ def _hash(path: Path, before: os.stat_result, max_split_bytes: int, chunk_bytes:
             view = memoryview(chunk)
             done = 0  # bytes of this chunk already assigned to a split
             while True:
-                boundary = split_start + (split_bytes if split_start < tail_start else tail_bytes) - chunk_start
+                boundary = split_start + split_bytes - chunk_start
                 if boundary >= len(chunk):
                     break
                 newline = chunk.find(b"\n", max(boundary, done))

@@ -1,0 +1,217 @@
+"""A long-lived Spark Connect server that runs reuse (``idem spark start``).
+
+Every run of a connector's job is a new process; on ``local[*]`` each one pays
+a Spark JVM start (~5-7 s here) and the first job's Python workers (~2-3 s)
+before it reads a line: most of a small file's time. A Spark Connect server
+(``spark.remote``, shipped with PySpark 4) keeps the JVM and its Python workers
+warm between runs; a run connects in well under a second.
+
+The server is PySpark's own (``SparkConnectServer`` through ``spark-submit``),
+bound to 127.0.0.1 and started with idem's session defaults and the Python of
+this environment, so its Python workers import ``idem_platform`` like the local
+session's do. Its state (URL, pid, master, log) lives in a directory, by default
+``.idem/spark`` beside the embedded PostgreSQL. ``idem dev`` starts it for the
+code location's runs; any run uses it when ``IDEM_SPARK_REMOTE`` (or
+``spark.conf: {spark.remote: sc://...}`` in ``idem.yaml``) names it. The server's
+own master may be any master (``--master spark://...``): executors then run on
+the cluster and the runs still skip the JVM start.
+
+Runs share one server session (the URL carries its ``session_id``): Spark
+Connect keys its Python workers by session, so with a session per run every run
+would start and import fresh workers (~3-5 s); with one, the workers the server
+warmed at start serve every run (a first job in ~0.2 s). Runs never stop the
+session; each tags its jobs, so cancelling one run's jobs leaves the others'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from idem_platform.errors import ConfigError
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+STATE_FILE = "connect.json"
+DEFAULT_DIR = Path(".idem") / "spark"
+START_TIMEOUT_SECONDS = 90.0
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What ``idem spark start`` leaves in its directory."""
+
+    url: str
+    pid: int
+    port: int
+    master: str
+    log: str
+    started_at: float
+
+    @property
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return _accepts(self.port)
+
+
+def spark_home() -> Path:
+    """The installed ``pyspark`` package (it carries ``bin/`` and ``jars/``)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def read_state(directory: Path) -> ServerState | None:
+    """The server recorded in ``directory`` (alive or not), or ``None``."""
+    try:
+        data = json.loads((directory / STATE_FILE).read_text())
+        return ServerState(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def running(directory: Path = DEFAULT_DIR) -> ServerState | None:
+    """The server of ``directory`` if it is up and answering, else ``None``."""
+    state = read_state(directory)
+    return state if state is not None and state.alive else None
+
+
+def start(
+    directory: Path = DEFAULT_DIR,
+    *,
+    master: str = "local[*]",
+    port: int | None = None,
+    conf: dict[str, str] | None = None,
+    timeout: float = START_TIMEOUT_SECONDS,
+) -> ServerState:
+    """Start the server (or return the one already running there) and wait until it answers.
+
+    Raises:
+        ConfigError: it exited or did not answer within ``timeout`` (the message
+            carries the end of its log).
+    """
+    from idem_platform.spark.session import DEFAULT_CONF, driver_java_options
+
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    existing = running(directory)
+    if existing is not None:
+        return existing
+    port = port or _free_port()
+    settings = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.master"}
+    settings.update(conf or {})
+    settings["spark.connect.grpc.binding.address"] = "127.0.0.1"
+    settings.setdefault("spark.sql.artifact.isolation.enabled", "false")  # no per-session worker environments
+    settings["spark.connect.grpc.binding.port"] = str(port)
+    settings.setdefault("spark.ui.enabled", "false")
+    options = driver_java_options(settings.get("spark.driver.extraJavaOptions"))
+    if options:
+        settings["spark.driver.extraJavaOptions"] = options
+    home = spark_home()
+    command = [str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master, "--name", "idem Spark Connect"]
+    for key, value in sorted(settings.items()):
+        command += ["--conf", f"{key}={value}"]
+    command.append("spark-internal")
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+    }
+    log = directory / "connect.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+            cwd=directory, start_new_session=True,  # outlives the command that started it
+        )
+    state = ServerState(
+        url=f"sc://127.0.0.1:{port}/;session_id={uuid.uuid4()}", pid=process.pid, port=port, master=master, log=str(log), started_at=time.time()
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ConfigError(f"the Spark Connect server exited with status {process.returncode}:\n{_tail(log)}")
+        if _accepts(port):
+            warm(state.url)
+            (directory / STATE_FILE).write_text(json.dumps(asdict(state)))
+            return state
+        time.sleep(0.25)
+    process.kill()
+    raise ConfigError(f"the Spark Connect server did not answer on port {port} within {timeout:.0f} s:\n{_tail(log)}")
+
+
+def warm(url: str) -> None:
+    """Start the server's Python workers (one per slot) with idem's staging modules imported,
+    so the first run's first job does not pay for them."""
+    import pyarrow as pa
+
+    from idem_platform.spark.session import build_session, task_slots
+
+    spark = build_session({"spark.remote": url})
+    slots = task_slots(spark)
+
+    def touch(batches: object) -> object:
+        import idem_platform.spark.stage  # noqa: F401 - the import is the warm-up
+
+        for batch in batches:  # type: ignore[attr-defined]
+            yield pa.RecordBatch.from_arrays([batch.column(0)], names=["id"])
+
+    spark.range(0, slots, 1, slots).mapInArrow(touch, "id long").collect()
+
+
+def stop(directory: Path = DEFAULT_DIR, *, timeout: float = 30.0) -> bool:
+    """Stop the server of ``directory``; ``False`` if none was running."""
+    directory = directory.resolve()
+    state = read_state(directory)
+    (directory / STATE_FILE).unlink(missing_ok=True)
+    if state is None:
+        return False
+    try:
+        os.killpg(state.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(state.pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    try:
+        os.killpg(state.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def _tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
