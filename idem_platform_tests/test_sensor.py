@@ -43,16 +43,20 @@ def drop_dir(config: IdemConfig) -> Path:
     return path
 
 
-def record_ledger(pg_url: str, key: str, status: str, *, attempts: int = 1, retryable: bool = True) -> None:
+def record_ledger(
+    pg_url: str, key: str, status: str, *, attempts: int = 1, retryable: bool = True, owner: str | None = None
+) -> None:
+    """A ledger row as a commit of this file alone leaves it (its own owner), unless ``owner`` is shared."""
+    owner = owner or f"run-{key[-8:]}/c1"
     with connect(pg_url) as conn, conn.transaction():
         ledger = Ledger(conn, "threatfeed")
-        ledger.begin(key, {"connector": "threatfeed", "file_key": key}, owner="run-1/c1")
+        ledger.begin(key, {"connector": "threatfeed", "file_key": key}, owner=owner)
         for _ in range(attempts - 1):
-            ledger.take_over(key, "run-1/c1")
+            ledger.take_over(key, owner)
         if status == "committed":
-            ledger.commit(key, {"commit_id": "c1"}, owner="run-1/c1")
+            ledger.commit(key, {"commit_id": "c1"}, owner=owner)
         elif status == "failed":
-            ledger.fail_permanent(key, {"class": "X", "message": "boom", "retryable": retryable}, owner="run-1/c1")
+            ledger.fail_permanent(key, {"class": "X", "message": "boom", "retryable": retryable}, owner=owner)
 
 
 def test_new_file_is_requested_once_it_has_settled(ticker: SensorTicker, threatfeed: IdemConfig) -> None:
@@ -148,8 +152,8 @@ def test_the_cursor_keeps_only_files_not_committed_with_ten_thousand_files_dropp
     for index in range(3):
         write_lines(directory / f"new-{index}.ndjson", [f'{{"type":"malware","id":"n{index}","name":"m"}}'])
     ticker.tick()
-    second = ticker.tick()
-    assert len(second.run_requests) == 3
+    (batch,) = ticker.tick().run_requests  # the three new files, one run
+    assert batch.tags["idem/files"] == "3"
     assert sorted(json.loads(ticker.cursor or "{}")["files"]) == ["new-0.ndjson", "new-1.ndjson", "new-2.ndjson"]
     # A committed file rewritten in place is not the committed file any more: it is looked at again.
     rewritten = write_lines(directory / "d0" / "f7.ndjson", ['{"type":"malware","id":"other","name":"m"}'])

@@ -1,13 +1,18 @@
 """The file-drop ``ingest`` asset; ``coerced`` and ``committed`` come from :mod:`idem_platform.defs.connector`.
 
 Partitioned by dropped file; run in one process (``in_process_executor``) so the
-Spark session is shared by the steps of a run.
+Spark session is shared by the steps of a run. A run may cover one partition (the
+UI's "Materialize") or a range of them (the sensor's batches, backfills: the assets'
+``BackfillPolicy.single_run``): either way its files are one batch, one commit.
 """
 
 import os
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
+from dagster import BetaWarning
 from pydantic import Field
 
 from idem_platform.config import ConnectorConfig, IdemConfig
@@ -18,6 +23,7 @@ from idem_platform.defs.connector.assets import (
     asset_keys,
     build_commit_assets,
     group_of,
+    single_run_policy,
 )
 from idem_platform.defs.filedrop.partitions import path_for_partition
 from idem_platform.defs.metadata import to_metadata
@@ -36,15 +42,25 @@ class IngestConfig(dg.Config):
             "sensor passes). Every one must be a regular file inside the drop directory: a path "
             "elsewhere, a '..' that climbs out, a symlink that leads out, a FIFO, a socket or a device "
             "is refused and the run fails naming it, before anything is read. "
-            "Empty: the partition's file in the drop directory."
+            "Empty: the files of the run's partition, or of every partition of its range."
         ),
     )
 
 
 def files_to_read(
-    connector: ConnectorConfig, entries: list[str], partition_key: str | None, shown: str, *, files_outside_drop_dir: bool
+    connector: ConnectorConfig,
+    entries: list[str],
+    partition_keys: Sequence[str],
+    shown: str,
+    *,
+    files_outside_drop_dir: bool,
 ) -> list[Path]:
-    """The files a run reads: its config's ``files``, else its partition's file.
+    """The files a run reads: its config's ``files``, else its partitions' files (one partition,
+    or every partition of a range run).
+
+    The sensor always names the files of a batch in ``files``: a range of dynamic
+    partitions is everything between its ends in the partitions' order, and the
+    config keeps the run to exactly the files it was asked for.
 
     Confined to the drop directory (see :class:`IngestConfig`): whoever can launch a
     run in the UI could otherwise have any file the code server can read ingested,
@@ -59,8 +75,8 @@ def files_to_read(
         raise ValueError(f"connector {connector.name!r} has no drop directory")
     if entries:
         named = [(f"files[{i}] {entry!r}", entry) for i, entry in enumerate(entries)]
-    elif partition_key is not None:
-        named = [(f"partition {partition_key!r}", str(path_for_partition(connector, partition_key)))]
+    elif partition_keys:
+        named = [(f"partition {key!r}", str(path_for_partition(connector, key))) for key in partition_keys]
     else:
         raise dg.Failure(description="nothing to ingest: set the run config's files, or run a partition", allow_retries=False)
     outside = None if files_outside_drop_dir else f"outside the drop directory ({shown})"
@@ -95,13 +111,30 @@ def build_filedrop_assets(
     *,
     files_outside_drop_dir: bool = False,
 ) -> list[dg.AssetsDefinition]:
-    """The asset factory: three assets per file-drop connector (``files_outside_drop_dir``: see :func:`files_to_read`)."""
+    """The asset factory: three assets per file-drop connector (``files_outside_drop_dir``: see :func:`files_to_read`).
+
+    Dagster 1.13 marks ``backfill_policy`` as beta (a ``BetaWarning`` at definition); the
+    warning is silenced here, where the choice (one run for a range of files) was made.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=BetaWarning)
+        return _build_filedrop_assets(idem_config, connector, partitions, files_outside_drop_dir=files_outside_drop_dir)
+
+
+def _build_filedrop_assets(
+    idem_config: IdemConfig,
+    connector: ConnectorConfig,
+    partitions: dg.DynamicPartitionsDefinition,
+    *,
+    files_outside_drop_dir: bool,
+) -> list[dg.AssetsDefinition]:
     ingest_key, _, _ = asset_keys(connector)
     shown = idem_config.shown(connector.path)
 
     @dg.asset(
         key=ingest_key,
         partitions_def=partitions,
+        backfill_policy=single_run_policy(partitions),
         io_manager_key=PLAN_IO_MANAGER,
         group_name=group_of(connector),
         kinds={"spark", "file"},
@@ -117,8 +150,8 @@ def build_filedrop_assets(
     def ingest(
         context: dg.AssetExecutionContext, config: IngestConfig, postgres: PostgresResource, spark: SparkResource
     ) -> dg.Output[SourceBatch]:
-        partition = context.partition_key if context.has_partition_key else None
-        paths = files_to_read(connector, config.files, partition, shown, files_outside_drop_dir=files_outside_drop_dir)
+        keys = context.partition_keys if context.has_partition_key or context.has_partition_key_range else []
+        paths = files_to_read(connector, config.files, keys, shown, files_outside_drop_dir=files_outside_drop_dir)
         with secrets_kept():
             check_cluster_reach(spark.master, postgres.resolved_url)  # fail at start, not at commit
             prepare_tables(postgres.resolved_url, idem_config, connector)

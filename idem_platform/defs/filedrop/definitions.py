@@ -26,7 +26,10 @@ def filedrop_definitions(
         selection=dg.AssetSelection.assets(*asset_keys(connector)),
         partitions_def=partitions,
         executor_def=dg.in_process_executor,
-        description=f"Ingest, coerce and commit one drop of {connector.name} exactly once.",
+        description=(
+            f"Ingest, coerce and commit dropped files of {connector.name} exactly once: one file's "
+            "partition, or a range of them (the sensor's batches, backfills) in one commit."
+        ),
     )
     sensor = build_filedrop_sensor(
         connector, job, partitions, ingest_key.to_python_identifier(), config.shown(connector.path)
