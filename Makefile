@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/threatfeed/idem.yaml
 
-.PHONY: install demo test test-fast fuzz dev serve bench bench-curve bench-kafka bench-push kafka-broker lint stop-postgres clean
+.PHONY: install demo test test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate kafka-broker lint stop-postgres clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,23 @@ bench-kafka: install
 bench-push: install
 	$(PY) benchmarks/push_bench.py $(ARGS)
 	$(PY) benchmarks/ledger_bench.py
+
+## bench-shared: idem beside the peers of ../shared/bench (COPY + key, staging + ON CONFLICT, tuned dlt) on its
+## data and server, rounds interleaved, plus the 1-line / 1,000-line / STIX cases; needs ../shared/bench (--shared DIR)
+bench-shared: install
+	$(PY) benchmarks/shared_bench.py $(ARGS)
+
+## bench-small: only the fixed-cost (1-line file), 1,000-line file and 24,772-object STIX-like batch cases
+bench-small: install
+	$(PY) benchmarks/small_bench.py $(ARGS)
+
+## bench-sensor: `idem dev` running; 1,000 files x 1,000 lines dropped at once, drop -> last commit, each line once
+bench-sensor: install
+	$(PY) benchmarks/sensor_bench.py $(ARGS)
+
+## bench-migrate: a table of N rows (half at v1) read through the migration read path, then idem migrate
+bench-migrate: install
+	$(PY) benchmarks/migrate_bench.py $(ARGS)
 
 ## kafka-broker: the in-memory Kafka-protocol test broker (Tansu) on 127.0.0.1:9092, for trying the Kafka connector
 kafka-broker: install

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,3 +215,164 @@ def embedded_server(home: Path) -> str:
     from idem_platform.postgres.connection import embedded_postgres_url
 
     return embedded_postgres_url(home)
+
+
+# --- The shared benchmark (../shared/bench): its PostgreSQL server, found or started --------
+#
+# ../shared/bench is not part of this repository (CI and other machines may not have it):
+# the benchmarks that use it name what they need and stop with one clear line when it is
+# missing. Its scripts are called, never copied.
+
+SHARED_BENCH_ENV = "IDEM_SHARED_BENCH"
+SHARED_BENCH_FILES = ("gen.py", "bench_copy.py", "bench_dlt.py", "common.py", "pg_up.sh")
+
+
+class SetupError(RuntimeError):
+    """Something the benchmark needs is missing (the shared benchmark, PostgreSQL's binaries...)."""
+
+
+def shared_bench_dir(given: str | None = None) -> Path:
+    """The shared benchmark's directory: ``given`` (``--shared``), else ``$IDEM_SHARED_BENCH``,
+    else ``../shared/bench`` beside the repository.
+
+    Raises:
+        SetupError: it is not there, or lacks one of the scripts the benchmarks call.
+    """
+    raw = given or os.environ.get(SHARED_BENCH_ENV) or str(REPO.parent / "shared" / "bench")
+    path = Path(raw).expanduser().resolve()
+    missing = [name for name in SHARED_BENCH_FILES if not (path / name).is_file()]
+    if missing:
+        where = "does not exist" if not path.is_dir() else f"lacks {', '.join(missing)}"
+        raise SetupError(
+            f"the shared benchmark directory {path} {where}. It is not part of this repository: "
+            f"pass --shared DIR or set {SHARED_BENCH_ENV} to the directory holding {', '.join(SHARED_BENCH_FILES)}"
+        )
+    return path
+
+
+def peer_bench_home() -> Path:
+    """Where the shared benchmark writes (its server, venv, data): ``$IDEM_PEER_BENCH_HOME``."""
+    return Path(os.environ.get("IDEM_PEER_BENCH_HOME", "/tmp/idem-peer-bench"))
+
+
+def debian_postgres_bin() -> Path:
+    """The PostgreSQL binaries pg_up.sh will use (``$PGBIN``, else the newest
+    ``/usr/lib/postgresql/<version>/bin``), checked before pg_up.sh fails less clearly.
+
+    Raises:
+        SetupError: no initdb and pg_ctl there.
+    """
+    given = os.environ.get("PGBIN")
+    if given:
+        candidate: Path | None = Path(given)
+    else:
+        found = sorted(
+            Path("/usr/lib/postgresql").glob("*/bin"),
+            key=lambda p: [int(part) if part.isdigit() else 0 for part in p.parent.name.split(".")],
+        )
+        candidate = found[-1] if found else None
+    if candidate is None or not all((candidate / tool).is_file() for tool in ("initdb", "pg_ctl", "psql")):
+        raise SetupError(
+            "pg_up.sh needs Debian's PostgreSQL binaries (initdb, pg_ctl, psql in "
+            f"{candidate or '/usr/lib/postgresql/<version>/bin'}: apt-get install postgresql-15, or set PGBIN=DIR); "
+            "or pass --postgres URL to use a server that is already running"
+        )
+    return candidate
+
+
+def server_answers(url: str, timeout: int = 3) -> bool:
+    """Whether a PostgreSQL server accepts a connection at ``url`` now."""
+    try:
+        with psycopg.connect(url, connect_timeout=timeout, autocommit=True):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+@dataclass
+class BenchServer:
+    """The server a benchmark runs on: its URL, and whether this process started it."""
+
+    url: str
+    started: bool
+    via: str  # "pg_up.sh" or "--postgres"
+
+
+@contextmanager
+def bench_server(postgres: str | None, shared: str | None) -> Iterator[BenchServer]:
+    """The server of the shared benchmark: ``--postgres URL`` as given; else pg_up.sh's private
+    server (127.0.0.1:$PGPORT, default 55432, user bench), started if it is not running and
+    stopped on the way out (``pg_up.sh stop``) only if this process started it.
+
+    Raises:
+        SetupError: no server at ``postgres``; the shared benchmark or PostgreSQL's binaries missing.
+    """
+    if postgres:
+        if not server_answers(postgres):
+            raise SetupError(f"no PostgreSQL server answers at --postgres {masked_url(postgres)}")
+        yield BenchServer(postgres, started=False, via="--postgres")
+        return
+    pg_up = shared_bench_dir(shared) / "pg_up.sh"
+    port = os.environ.get("PGPORT", "55432")
+    running = server_answers(f"postgresql://bench@127.0.0.1:{port}/postgres")
+    if not running:
+        debian_postgres_bin()
+    done = subprocess.run([str(pg_up)], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise SetupError(f"{pg_up} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    try:
+        yield BenchServer(done.stdout.strip().splitlines()[-1], started=not running, via="pg_up.sh")
+    finally:
+        if not running:
+            subprocess.run([str(pg_up), "stop"], capture_output=True, text=True, timeout=120)
+
+
+def masked_url(url: str) -> str:
+    """``url`` with its password hidden, for printed and saved results."""
+    from idem_platform.redact import masked
+
+    return masked(url)
+
+
+def checkpoint(url: str) -> None:
+    """CHECKPOINT, as the peers do between timed phases: each phase starts with no dirty buffers."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+
+
+def server_facts(url: str) -> dict[str, Any]:
+    """The server's version and the settings that move bulk-load figures (for the results)."""
+    names = ("shared_buffers", "max_wal_size", "synchronous_commit", "fsync", "work_mem", "maintenance_work_mem")
+    with psycopg.connect(url, autocommit=True) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+        settings = dict(conn.execute("SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name", [list(names)]).fetchall())
+    return {"server_version": version[0] if version else None, **settings}
+
+
+def machine_facts() -> dict[str, Any]:
+    """The machine and the commit measured (for the results)."""
+    import platform
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True)
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "commit": commit.stdout.strip() or None,
+        "uncommitted_changes": bool(dirty.stdout.strip()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the benchmark like Ctrl-C: cleanups run (idem dev stopped, pg_up.sh stopped if
+    started here) rather than leaving a server or a daemon behind."""
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)

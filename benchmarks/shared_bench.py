@@ -1,0 +1,403 @@
+"""idem_platform beside its peers on the shared benchmark (issue 18): one run, one server.
+
+    python benchmarks/shared_bench.py [--rounds 3] [--records 1000000] [--shared DIR] [--postgres URL]
+                                      [--out results.json] [--skip-small] [--stix-count 24772]
+
+What it needs: the shared benchmark (``../shared/bench`` beside the repository, or
+``--shared DIR`` / ``$IDEM_SHARED_BENCH``; it is not part of this repository, its
+scripts are called, never copied) and, unless ``--postgres URL`` names a running
+server, Debian's PostgreSQL binaries for its ``pg_up.sh`` (a private server on
+127.0.0.1:55432, user bench; started if not running, and then stopped at the end).
+The peers run in their own venv (``$IDEM_PEER_BENCH_HOME/.venv``), created as
+``run.sh`` creates it when missing, on the data ``run.sh`` uses (``gen.py``: N records
+in 10 files, 10 % duplicate lines; generated when missing).
+
+Each round, tools in a rotating order (so drift hits every tool alike), every timed
+phase after a CHECKPOINT:
+
+* ``bench_copy.py --variant copy_pk --variant stage_oc`` and ``bench_dlt.py --variant
+  arrow_csv --tuned``, once each (their first load and their replay, as they define them);
+* idem_platform, ``idem ingest`` as a child process (interpreter, Dagster, a cold Spark
+  session and the commit included): (a) the 10 files, fresh database; (b) the same rows
+  in 10 new files (each file's lines in reverse order: new bytes, so new file keys, and
+  every row an idempotent skip); (d) the 10 committed files again (a replay); (c) the
+  same bytes as ONE file (the 10 concatenated) into another fresh database;
+* the small cases of ``small_bench.py`` (a 1-line file: the fixed cost; a 1,000-line
+  file; the 24,772-object STIX-like batch), unless ``--skip-small``.
+
+Prints the data's shape, one row per tool and phase (median seconds over the rounds,
+min–max, rows/s = input lines / median seconds, the time inside the run for idem, and
+the ratio of rows/s to copy_pk, stage_oc and dlt for the comparable phase: first loads
+to first loads, new files and replays to the peers' replays — copy_pk has only a first
+load), and the issue's goals as met / not met. ``--out`` writes it all as JSON. Exit
+status 1 if any phase did not do what it must (written / skipped counts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml  # noqa: E402
+
+from benchmarks import stix_gen  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    SetupError,
+    bench_server,
+    environment,
+    exit_on_sigterm,
+    fresh_database,
+    machine_facts,
+    masked_url,
+    peer_bench_home,
+    server_facts,
+    shared_bench_dir,
+)
+from benchmarks.small_bench import (  # noqa: E402
+    Timed,
+    drop_database,
+    expect,
+    ingest,
+    prepare_small,
+    print_rows,
+    run_small,
+    summarize,
+)
+
+HERE = Path(__file__).resolve().parent
+PEER_PACKAGES = ("dlt[postgres]>=1.4", "psycopg[binary]>=3.2", "orjson", "pyarrow")  # as run.sh installs them
+FIRST, NEW_FILES, ONE_FILE, REPLAY = (
+    "first ingest (10 files)", "same rows, 10 new files", "same bytes as one file", "replay (committed files)",
+)
+# Which peer phase each idem phase is compared with.
+PEER_PHASE = {FIRST: "first", ONE_FILE: "first", NEW_FILES: "replay", REPLAY: "replay"}
+PEERS = {"copy_pk": ("copy", "copy_pk"), "stage_oc": ("copy", "stage_oc"), "dlt": ("dlt", "arrow_csv+tuned")}
+
+
+def config_for_peer_data(directory: Path) -> Path:
+    """idem.yaml for gen.py's records: the peers' typed columns (bench_copy.py's table) per type."""
+    columns = {
+        "name": {"type": "string", "required": True},
+        "confidence": "int",
+        "score": "real",
+        "created": "timestamp",
+        "labels": "dynamic",
+        "tags": "dynamic",
+        "embedding": "vector(8)",
+    }
+    config = {
+        "connectors": [{"name": "feed", "kind": "filedrop", "path": "drop", "record_type_field": "type", "id_field": "id"}],
+        "tables": {kind: {"columns": columns} for kind in ("indicator", "malware", "threat-actor")},
+        "spark": {"conf": {"spark.ui.enabled": "false"}},
+    }
+    (directory / "drop").mkdir(parents=True, exist_ok=True)
+    path = directory / "idem.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def peer_python(home: Path) -> Path:
+    """The peers' interpreter, ``$IDEM_PEER_BENCH_HOME/.venv``, made as run.sh makes it if it is missing
+    (or lacks a package: an earlier install that stopped half way)."""
+    python = home / ".venv" / "bin" / "python"
+    probe = [str(python), "-c", "import dlt, psycopg, orjson, pyarrow"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    base = shutil.which("python3")
+    if base is None:
+        raise SetupError("no python3 on PATH to make the peers' venv with (run.sh needs one too)")
+    print(f"making the peers' venv {home / '.venv'} (as run.sh does: {', '.join(PEER_PACKAGES)})", flush=True)
+    for command in ([base, "-m", "venv", str(home / ".venv")], [str(home / ".venv" / "bin" / "pip"), "install", "-q", *PEER_PACKAGES]):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SetupError(f"making the peers' venv failed: {' '.join(command)}: {(done.stderr or done.stdout).strip()[-2000:]}")
+    return python
+
+
+def peer_data(shared: Path, python: Path, home: Path, records: int) -> Path:
+    """run.sh's data directory for ``records`` (gen.py: 10 files, 10 % duplicates, seed 42), made if missing."""
+    data = home / "data" / f"n{records}"
+    if not (data / "manifest.json").is_file():
+        print(f"generating the shared data: {records:,} records in 10 files -> {data}", flush=True)
+        command = [str(python), str(shared / "gen.py"), "-n", str(records), "--dup-rate", "0.1", "--files", "10", "--out", str(data)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SetupError(f"gen.py failed: {(done.stderr or done.stdout).strip()[-2000:]}")
+    return data
+
+
+def data_shape(data: Path) -> dict[str, Any]:
+    """Files, bytes, records (lines), unique records and records per type of the shared data."""
+    manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
+    files = [data / entry["path"] for entry in manifest["files"]]
+    types: Counter[str] = Counter()
+    lines = 0
+    prefix = b'{"type":"'
+    for path in files:
+        with path.open("rb") as handle:
+            for line in handle:
+                lines += 1
+                if line.startswith(prefix):
+                    types[line[len(prefix) : line.index(b'"', len(prefix))].decode()] += 1
+                else:
+                    types[str(json.loads(line).get("type"))] += 1
+    return {
+        "directory": str(data),
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+        "records": lines,
+        "unique_records": manifest["n_unique"],
+        "duplicate_lines": manifest["n_dup_lines"],
+        "types": dict(sorted(types.items())),
+        "seed": manifest["seed"],
+        "sha256": [entry["sha256"] for entry in manifest["files"]],
+    }
+
+
+def prepare_idem_inputs(data: Path, shape: dict[str, Any], workdir: Path) -> tuple[list[Path], list[Path], Path]:
+    """The 10 files as they are, the same lines in 10 new files (each file's lines reversed) and
+    the 10 concatenated as one file; the last two written once per data set (not timed)."""
+    files = [data / name for name in sorted(os.listdir(data)) if name.endswith(".ndjson")]
+    stamp = hashlib.sha256("".join(shape["sha256"]).encode()).hexdigest()[:16]
+    target = workdir / f"n{shape['records']}-{stamp}"
+    new_dir, one = target / "new", target / "one" / "all.ndjson"
+    if not (target / "done").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        new_dir.mkdir(parents=True)
+        one.parent.mkdir(parents=True)
+        with one.open("wb") as joined:
+            for path in files:
+                content = path.read_bytes()
+                joined.write(content)
+                lines = content.splitlines(keepends=True)
+                lines.reverse()
+                (new_dir / path.name).write_bytes(b"".join(lines))
+        (target / "done").write_text(stamp, encoding="utf-8")
+    return files, sorted(new_dir.iterdir()), one
+
+
+def run_peer(
+    tool: str, python: Path, shared: Path, args: list[str], server_url: str, home: Path, log: Path, round_: int, records: int
+) -> list[Timed]:
+    """One peer script, once (``--reps 1``), in its own venv from its own directory, as run.sh runs it;
+    its result lines (the JSON it prints per phase) become rows."""
+    env = {**os.environ, "BENCH_PG_URI": server_url, "IDEM_PEER_BENCH_HOME": str(home), "RUNTIME__DLTHUB_TELEMETRY": "false"}
+    started = time.monotonic()
+    done = subprocess.run([str(python), *args], cwd=shared, env=env, capture_output=True, text=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(done.stdout + done.stderr, encoding="utf-8")
+    if done.returncode != 0:
+        raise RuntimeError(f"{tool}: {' '.join(args)} failed (exit {done.returncode}; log {log}):\n{(done.stderr or done.stdout)[-3000:]}")
+    out = []
+    for line in done.stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        result = json.loads(line)
+        if "tool" not in result or "wall_s" not in result:
+            continue
+        counts = {k: result[k] for k in ("rows_copied", "inserted", "final_rows") if k in result}
+        out.append(Timed(result["tool"], f"{result['variant']} {result['phase']}", round_, float(result["wall_s"]), records, None, counts, result))
+    if not out:
+        raise RuntimeError(f"{tool}: printed no results in {time.monotonic() - started:.0f} s (log {log})")
+    return out
+
+
+def run_idem_round(
+    server_url: str, config: Path, files: list[Path], new_files: list[Path], one: Path, shape: dict[str, Any],
+    master: str, home: Path, round_: int,
+) -> list[Timed]:
+    """idem's four phases of one round: (a) 10 files, (b) new files, (d) replay, then (c) one file, fresh."""
+    n, unique = shape["records"], shape["unique_records"]
+    url = fresh_database(server_url, f"idem_shared_{round_}")
+    env = environment(url, home, master)
+    out = [
+        expect(ingest("idem", FIRST, round_, files, n, env, config, "feed", server_url), rows_written=unique, rows_skipped=n - unique),
+        expect(ingest("idem", NEW_FILES, round_, new_files, n, env, config, "feed", server_url), rows_written=0, rows_skipped=n),
+        expect(ingest("idem", REPLAY, round_, files, n, env, config, "feed", server_url), rows_written=0, replayed=True),
+    ]
+    drop_database(server_url, url)
+    url = fresh_database(server_url, f"idem_shared_one_{round_}")
+    env = environment(url, home, master)
+    out.append(expect(ingest("idem", ONE_FILE, round_, [one], n, env, config, "feed", server_url), rows_written=unique, rows_skipped=n - unique))
+    drop_database(server_url, url)
+    return out
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's rows/s over each peer's rows/s in the comparable phase (first ↔ first; new files,
+    replays ↔ replay; copy_pk has a first load only)."""
+    seconds = {(row["tool"], row["phase"]): row["median_s"] for row in rows}
+    for row in rows:
+        if row["tool"] == "idem":
+            kind = PEER_PHASE.get(row["phase"])
+        elif row["tool"] in ("copy", "dlt"):
+            kind = row["phase"].rsplit(" ", 1)[-1]
+        else:
+            kind = None
+        if kind is None:
+            continue
+        ratios = {}
+        for name, (tool, variant) in PEERS.items():
+            peer = seconds.get((tool, f"{variant} {kind}")) or seconds.get((tool, f"{variant} first"))
+            if peer and row["median_s"]:
+                ratios[name] = round(peer / row["median_s"], 3)
+        row["ratios"] = ratios
+
+
+def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets, each with its figure and whether this run met it."""
+    by = {(row["tool"], row["phase"]): row for row in rows}
+    out: list[dict[str, Any]] = []
+
+    def goal(text: str, value: float | None, met: bool | None) -> None:
+        out.append({"goal": text, "value": value, "met": met})
+
+    first, new, one = by.get(("idem", FIRST)), by.get(("idem", NEW_FILES)), by.get(("idem", ONE_FILE))
+    if first:
+        ratios = first.get("ratios", {})
+        goal("first ingest ≥ tuned dlt's rows/s (ratio to dlt ≥ 1)", ratios.get("dlt"), ratios.get("dlt", 0) >= 1 if "dlt" in ratios else None)
+        goal("first ingest ≥ 0.6 × staging + ON CONFLICT (ratio to stage_oc ≥ 0.6)", ratios.get("stage_oc"), ratios.get("stage_oc", 0) >= 0.6 if "stage_oc" in ratios else None)
+        goal("steady: the rounds of the 10-file batch within 15 % ((max − min) / min)", first["spread"], first["spread"] <= 0.15 if first["rounds"] >= 3 and first["spread"] is not None else None)
+    if new:
+        ratios = new.get("ratios", {})
+        goal("same rows in new files ≥ dlt's reload (ratio to dlt replay ≥ 1)", ratios.get("dlt"), ratios.get("dlt", 0) >= 1 if "dlt" in ratios else None)
+    if first and one:
+        gap = round(abs(first["median_s"] - one["median_s"]) / one["median_s"], 3)
+        goal("the same bytes as 10 files within 10 % of one file", gap, gap <= 0.10)
+    for row in rows:
+        if row["tool"] == "idem" and row["phase"].endswith("-line file") and row["records"] == 1000:
+            goal("a 1,000-line file ≤ 5 s inside the run", row["inside_median_s"], (row["inside_median_s"] or 99) <= 5)
+        if row["tool"] == "idem" and row["phase"].startswith("STIX batch"):
+            goal(f"{row['phase']} ≥ 5,000 rows/s", row["rows_per_s"], (row["rows_per_s"] or 0) >= 5000)
+    return out
+
+
+def print_first_ingest_rounds(results: list[Timed], loads: dict[int, float]) -> None:
+    """Where each round's first ingest spent its time (the commit's own timings), beside the
+    machine's load as the round began: what to read when the rounds are not within 15 %."""
+    firsts = [t for t in results if t.tool == "idem" and t.phase == FIRST]
+    if not firsts:
+        return
+    keys = ("prepare_seconds", "stage_and_insert_seconds", "insert_seconds", "commit_seconds")
+    print(f"\n{FIRST}, per round: wall / inside the run / " + " / ".join(k.removesuffix("_seconds") for k in keys) + " (s), driver / JVM MiB, load")
+    for t in firsts:
+        timings = t.details.get("timings") or {}
+        parts = " / ".join(f"{timings[k]:.2f}" if isinstance(timings.get(k), int | float) else "—" for k in keys)
+        print(
+            f"  round {t.round}: {t.wall:.2f} / {f'{t.inside:.2f}' if t.inside is not None else '—'} / {parts}, "
+            f"{t.details.get('driver_mib')} / {t.details.get('jvm_mib')} MiB, load {loads.get(t.round)}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=int, default=1_000_000, help="gen.py's N (10 files, 10 %% duplicates)")
+    parser.add_argument("--shared", help="the shared benchmark directory (default: $IDEM_SHARED_BENCH, else ../shared/bench)")
+    parser.add_argument(
+        "--postgres",
+        help="a running server's URL instead of pg_up.sh's (the peers use its database; dlt needs a password in it "
+        "unless the user is bench — any, under trust auth); idem makes fresh databases on it",
+    )
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--skip-small", action="store_true", help="leave out the 1-line, 1,000-line and STIX cases")
+    parser.add_argument("--stix-count", type=int, default=stix_gen.COUNT)
+    parser.add_argument("--workdir", default=str(HERE / "data" / "shared"))
+    parser.add_argument("--out", help="results as JSON (default: <workdir>/results-<time>.json)")
+    args = parser.parse_args()
+    exit_on_sigterm()
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    home = peer_bench_home()
+    out_path = Path(args.out) if args.out else workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    machine = machine_facts()  # before the run: its load average is the machine's, not ours
+    try:
+        shared = shared_bench_dir(args.shared)
+        with bench_server(args.postgres, args.shared) as server:
+            python = peer_python(home)
+            data = peer_data(shared, python, home, args.records)
+            shape = data_shape(data)
+            files, new_files, one = prepare_idem_inputs(data, shape, workdir)
+            config = config_for_peer_data(workdir)
+            small = None if args.skip_small else prepare_small(workdir / "small", args.stix_count)
+            facts = server_facts(server.url)
+            print(
+                f"server: {masked_url(server.url)} ({server.via}{', started here' if server.started else ''}; "
+                f"PostgreSQL {facts['server_version']}, shared_buffers {facts.get('shared_buffers')})\n"
+                f"data: {shape['files']} files, {shape['bytes']:,} bytes, {shape['records']:,} records "
+                f"({shape['unique_records']:,} unique, {shape['duplicate_lines']:,} duplicate lines), types "
+                + ", ".join(f"{k} {v:,}" for k, v in shape["types"].items()),
+                flush=True,
+            )
+            if small is not None:
+                print(f"STIX-like batch: {small.stix_shape['objects']:,} objects, {len(small.stix_shape['types'])} types, {small.stix_shape['bytes']:,} bytes", flush=True)
+            results: list[Timed] = []
+            loads: dict[int, float] = {}  # the 1-minute load average as each round starts
+            tools = ["copy", "dlt", "idem"]
+            logs = workdir / "logs"
+            for round_ in range(1, args.rounds + 1):
+                loads[round_] = round(os.getloadavg()[0], 2)
+                order = tools[(round_ - 1) % 3 :] + tools[: (round_ - 1) % 3]
+                for tool in order:
+                    if tool == "copy":
+                        script = ["bench_copy.py", "--data", str(data), "--reps", "1", "--variant", "copy_pk", "--variant", "stage_oc"]
+                        done = run_peer(tool, python, shared, script, server.url, home, logs / f"round{round_}-copy.log", round_, shape["records"])
+                    elif tool == "dlt":
+                        script = ["bench_dlt.py", "--data", str(data), "--reps", "1", "--variant", "arrow_csv", "--tuned"]
+                        done = run_peer(tool, python, shared, script, server.url, home, logs / f"round{round_}-dlt.log", round_, shape["records"])
+                    else:
+                        done = run_idem_round(server.url, config, files, new_files, one, shape, args.master, workdir / "dagster_home", round_)
+                    results += done
+                    print(f"round {round_} {tool}: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
+                if small is not None:
+                    done = run_small(server.url, small, args.master, workdir / "dagster_home", round_, prefix="idem_shared_small")
+                    results += done
+                    print(f"round {round_} small: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
+    except SetupError as exc:
+        print(f"shared_bench: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # a peer or an idem run failed: its own words, then stop
+        print(f"shared_bench: {exc}", file=sys.stderr)
+        return 1
+    rows = summarize(results)
+    add_ratios(rows)
+    met = goals(rows)
+    print(f"\n{args.rounds} round(s), median shown; rows/s = {shape['records']:,} input lines / median seconds; "
+          "ratios = rows/s over the peer's in the comparable phase (first ↔ first, new files and replays ↔ replay)")
+    print_rows(rows, ratio_columns=tuple(PEERS))
+    print()
+    for item in met:
+        state = {True: "met", False: "NOT met", None: "n/a"}[item["met"]]
+        print(f"{state:8} {item['goal']}: {item['value']}")
+    print_first_ingest_rounds(results, loads)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps({
+        "benchmark": "shared_bench",
+        "args": vars(args),
+        "machine": machine,
+        "server": {"url": masked_url(server.url), "via": server.via, "started_here": server.started, **facts},
+        "data": shape,
+        "stix": small.stix_shape if small is not None else None,
+        "summary": rows,
+        "goals": met,
+        "load_average_at_round_start": loads,
+        "results": [asdict(t) for t in results],
+    }, indent=1, default=str), encoding="utf-8")
+    print(f"results: {out_path}")
+    return 1 if any(row["problems"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
