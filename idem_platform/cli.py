@@ -25,7 +25,13 @@ from typing import Any
 
 import psycopg
 
-from idem_platform.config import CONFIG_ENV, IdemConfig, load_config
+from idem_platform.config import (
+    CONFIG_ENV,
+    SPARK_MASTER_ENV,
+    SPARK_REMOTE_ENV,
+    IdemConfig,
+    load_config,
+)
 from idem_platform.errors import IdemError
 from idem_platform.postgres.connection import POSTGRES_URL_ENV, idem_home, resolve_postgres_url
 from idem_platform.redact import masked, remember_url, scrub
@@ -206,7 +212,8 @@ def _run_job(
     from idem_platform.defs.summary import summary_from_metadata
 
     for materialization in result.asset_materializations_for_node(committed_key.to_python_identifier()):
-        return summary_from_metadata(materialization.metadata)
+        if materialization.asset_key == committed_key:  # the step also reports the tables it wrote
+            return summary_from_metadata(materialization.metadata)
     raise CommandError("the run succeeded but recorded no commit summary")
 
 
@@ -338,10 +345,13 @@ def demo_push(config: IdemConfig, connector: Any, lines: list[str]) -> dict[str,
 
 
 def cmd_read(args: argparse.Namespace) -> dict[str, Any] | None:
-    from psycopg import sql
-
-    from idem_platform.postgres.connection import connect
-    from idem_platform.postgres.tables import table_ident
+    """Print a record type's rows as NDJSON, in the current shape: rows stored at an older
+    ``schema_version`` are upgraded through the migrations on the way (the read path the IO
+    manager uses). Last on stderr, one JSON line: the rows printed, and, when some rows were
+    stored at an older version or skipped, the rows per stored version."""
+    from idem_platform.pipeline import check_cluster_reach
+    from idem_platform.read.table import read_lines, read_table, rows_summary
+    from idem_platform.spark.session import build_session, spark_config_for
 
     config = load_config(args.config)
     if args.record_type not in config.tables:
@@ -349,26 +359,25 @@ def cmd_read(args: argparse.Namespace) -> dict[str, Any] | None:
     args.commit = commit_id_argument(args.commit)
     if args.limit is not None and args.limit < 1:
         raise CommandError(f"--limit must be at least 1 (got {args.limit})")
+    config.chains()  # a broken chain is a one-line error before Spark starts
     url = prepare_environment()
-    count = 0
-    with connect(url) as conn, conn.cursor(name="idem_read") as cursor:
-        from idem_platform.postgres.promotion import row_json
-        from idem_platform.postgres.tables import existing_columns
-
-        # A promoted column (idem promote) reads as its typed value, else its text.
-        row = row_json(config.table_specs[args.record_type], existing_columns(conn, args.record_type))
-        query = sql.SQL("SELECT {} FROM {} t {} ORDER BY _ingested_at, _idempotency_key {}").format(
-            row,
-            table_ident(args.record_type),
-            sql.SQL("WHERE _commit_id = {}").format(sql.Literal(args.commit)) if args.commit else sql.SQL(""),
-            sql.SQL("LIMIT {}").format(sql.Literal(args.limit)) if args.limit else sql.SQL(""),
-        )
-        cursor.itersize = 5000
-        cursor.execute(query)
-        for (row,) in cursor:
-            sys.stdout.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
-            count += 1
-    sys.stderr.write(json.dumps({"record_type": args.record_type, "rows": count}) + "\n")
+    check_cluster_reach(config.spark_master(), url)
+    spark = build_session(spark_config_for(config.spark_master(), dict(config.spark.conf)))
+    skip = bool(args.skip_failed_migrations)
+    read = read_table(
+        spark, url, config, args.record_type, commit_id=args.commit, limit=args.limit, skip_failed=skip, ordered=True
+    )
+    count = skipped = 0
+    for line in read_lines(read, skip_failed=skip):
+        if line is None:
+            skipped += 1
+            continue
+        sys.stdout.write(line + "\n")
+        count += 1
+    summary: dict[str, Any] = {"record_type": args.record_type, "rows": count}
+    if read.old_rows or skip:
+        summary |= rows_summary(read) | ({"skipped": skipped} if skip else {})
+    sys.stderr.write(json.dumps(summary) + "\n")
     return None
 
 
@@ -522,6 +531,39 @@ def cmd_promote(args: argparse.Namespace) -> dict[str, Any] | None:
     return report
 
 
+def cmd_migrate(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``idem migrate [--type T] [--dry-run]``: rows below their table's ``schema_version`` upgraded
+    in place, in Spark, in batches of one transaction each; ``--dry-run`` counts per type and step."""
+    from idem_platform.read.migrate import human_report, migrate, plan_migration, selected_types
+
+    config = load_config(args.config)
+    if args.batch_rows < 1:
+        raise CommandError(f"--batch-rows must be at least 1 (got {args.batch_rows})")
+    types = selected_types(config, args.types)
+    config.chains()  # a broken chain is a one-line error before Spark starts
+    url = prepare_environment()
+    terminal = not args.json and sys.stdout.isatty()
+    if args.dry_run:
+        report = plan_migration(url, config, types)
+    else:
+        from idem_platform.pipeline import check_cluster_reach
+        from idem_platform.spark.session import build_session, spark_config_for
+
+        check_cluster_reach(config.spark_master(), url)
+
+        def spark() -> Any:  # started only when some table has rows to move
+            return build_session(spark_config_for(config.spark_master(), dict(config.spark.conf)))
+
+        progress = (lambda line: sys.stderr.write(line + "\n")) if terminal else None
+        report = migrate(
+            spark, url, config, types, batch_rows=args.batch_rows, skip_failed=args.skip_failed, progress=progress
+        )
+    if terminal:
+        sys.stdout.write(human_report(report) + "\n")
+        return None
+    return report
+
+
 def offsets_report(config: IdemConfig, url: str, connector_name: str | None = None) -> list[dict[str, Any]]:
     """Per Kafka partition: the committed offset, the log's start and end, the lag.
 
@@ -605,11 +647,67 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any] | None:
     return None
 
 
+def spark_server_dir(args: argparse.Namespace) -> Path:
+    """Where ``idem spark`` keeps its server's state: ``--dir``, else ``<idem home>/spark``."""
+    return Path(args.dir).resolve() if getattr(args, "dir", None) else idem_home() / "spark"
+
+
+def cmd_spark(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``idem spark start|stop|status``: the long-lived Spark Connect server runs reuse."""
+    from idem_platform.spark import connect_server
+
+    directory = spark_server_dir(args)
+    if args.spark_command == "stop":
+        return {"stopped": connect_server.stop(directory), "dir": str(directory)}
+    if args.spark_command == "status":
+        state = connect_server.read_state(directory)
+        if state is None:
+            return {"running": False, "dir": str(directory)}
+        return {"running": state.alive, **asdict_of(state)}
+    master = args.master or os.environ.get(SPARK_MASTER_ENV) or "local[*]"
+    if args.config or os.environ.get(CONFIG_ENV) or Path("idem.yaml").exists():
+        config = load_config(args.config)
+        master = args.master or config.spark_master()
+        conf = {k: v for k, v in config.spark.conf.items() if k != "spark.remote"}
+    else:
+        conf = {}
+    state = connect_server.start(directory, master=master, port=args.port, conf=conf)
+    return {
+        "running": True, **asdict_of(state),
+        "use": f"export {SPARK_REMOTE_ENV}='{state.url}'  # runs and idem ingest then use this server",
+    }
+
+
+def asdict_of(state: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(state)
+
+
 def cmd_dev(args: argparse.Namespace) -> dict[str, Any] | None:
     url = prepare_environment()
     config = load_config(args.config)  # fail here, with a clear line, rather than in the UI
     if config.source is not None:
         os.environ[CONFIG_ENV] = str(config.source)  # absolute: dagster dev runs from DAGSTER_HOME
+    if not args.no_spark_server and not os.environ.get(SPARK_REMOTE_ENV) and "spark.remote" not in config.spark.conf:
+        # Every run the sensors launch is a new process: with a Spark Connect server
+        # they connect to a warm JVM and warm Python workers instead of starting both.
+        from idem_platform.spark import connect_server
+
+        directory = spark_server_dir(args)
+        started_here = connect_server.running(directory) is None
+        sys.stderr.write(f"starting the Spark Connect server ({config.spark_master()}) for the runs...\n")
+        state = connect_server.start(directory, master=config.spark_master(), conf=dict(config.spark.conf))
+        os.environ[SPARK_REMOTE_ENV] = state.url
+        try:
+            return _dagster_dev(args, url)
+        finally:
+            if started_here:
+                connect_server.stop(directory)
+    return _dagster_dev(args, url)
+
+
+def _dagster_dev(args: argparse.Namespace, url: str) -> dict[str, Any]:
     dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
     workspace = Path(args.workspace).resolve()
     command = [dagster, "dev", "-w", str(workspace), "--host", args.host, "--port", str(args.port)]
@@ -686,7 +784,11 @@ def parser() -> argparse.ArgumentParser:
     read = add("read", "print a record type's rows as NDJSON")
     read.add_argument("record_type")
     read.add_argument("--commit", help="only rows of this commit id")
-    read.add_argument("--limit", type=int)
+    read.add_argument("--limit", type=int, help="the first N rows by (_ingested_at, _idempotency_key)")
+    read.add_argument(
+        "--skip-failed-migrations", action="store_true",
+        help="leave out (and count) rows whose migration to the current schema_version fails, instead of failing",
+    )
     read.set_defaults(func=cmd_read)
     ledger = add("ledger", "ledger maintenance")
     ledger_commands = ledger.add_subparsers(dest="ledger_command", required=True)
@@ -715,6 +817,20 @@ def parser() -> argparse.ArgumentParser:
     )
     promote.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
     promote.set_defaults(func=cmd_promote)
+    migrate = add("migrate", "upgrade rows stored at an older schema_version in place (in Spark, batched, resumable)")
+    migrate.add_argument(
+        "--type", dest="types", action="append", metavar="TYPE", help="only this record type (repeatable; default: all)"
+    )
+    migrate.add_argument("--dry-run", action="store_true", help="count the rows per type and step, write nothing")
+    migrate.add_argument(
+        "--batch-rows", type=int, default=50_000, help="rows per transaction (default 50,000)"
+    )
+    migrate.add_argument(
+        "--skip-failed", action="store_true",
+        help="count rows whose migration fails and leave them at their version, instead of failing",
+    )
+    migrate.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
+    migrate.set_defaults(func=cmd_migrate)
     offsets = add("offsets", "per Kafka partition: committed offset, log end and lag")
     offsets.add_argument("--connector", help="one Kafka connector (default: all)")
     offsets.add_argument("--json", action="store_true", help="one JSON line even on a terminal")
@@ -728,7 +844,22 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--workspace", default="workspace.yaml")
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=int, default=3000)
+    dev.add_argument(
+        "--no-spark-server", action="store_true",
+        help="runs start their own Spark (local JVM) instead of sharing the Spark Connect server idem dev starts",
+    )
     dev.set_defaults(func=cmd_dev)
+    spark = add("spark", "the long-lived Spark Connect server that runs reuse (no JVM start per run)")
+    spark_commands = spark.add_subparsers(dest="spark_command", required=True)
+    for name, text in (("start", "start it (or report the one running)"), ("stop", "stop it"), ("status", "is it running?")):
+        sub = spark_commands.add_parser(name, help=text)
+        sub.add_argument("--config")
+        sub.add_argument("--dir", help="its state directory (default: .idem/spark, or $IDEM_HOME/spark)")
+        _add_verbose(sub)
+        if name == "start":
+            sub.add_argument("--master", help="its Spark master (default: IDEM_SPARK_MASTER, idem.yaml, local[*])")
+            sub.add_argument("--port", type=int, help="its port on 127.0.0.1 (default: a free one)")
+        sub.set_defaults(func=cmd_spark)
     return top
 
 
@@ -869,7 +1000,8 @@ def exit_process(code: int) -> None:
     run are already durable in PostgreSQL here, so skip the teardown then.
     """
     pyspark = sys.modules.get("pyspark")
-    if pyspark is None or pyspark.SparkContext._gateway is None:
+    remote = "pyspark.sql.connect.session" in sys.modules  # a Connect client's gRPC threads
+    if pyspark is None or (pyspark.SparkContext._gateway is None and not remote):
         sys.exit(code)
     logging.shutdown()
     sys.stdout.flush()

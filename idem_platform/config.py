@@ -38,10 +38,12 @@ from idem_platform.catalog import (
 )
 from idem_platform.errors import ConfigError
 from idem_platform.keys import NAME_PATTERN
+from idem_platform.migrations import Chains, MigrationChainError, MigrationSource
 from idem_platform.redact import remember_settings
 
 CONFIG_ENV = "IDEM_CONFIG"
 SPARK_MASTER_ENV = "IDEM_SPARK_MASTER"
+SPARK_REMOTE_ENV = "IDEM_SPARK_REMOTE"  # sc://host:port of a Spark Connect server (idem spark start)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = NAME_PATTERN.pattern
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -136,14 +138,46 @@ class ConnectorConfig(_Model):
     missing_id: Literal["position", "content", "reject"] = "position"
     max_reject_ratio: float = Field(1.0, ge=0.0, le=1.0)
     max_line_bytes: int = Field(1 << 20, ge=64, description="Longer lines are rejects.")
-    split_bytes: int = Field(64 << 20, ge=1 << 16, description="Bytes per Spark read split.")
+    split_bytes: int = Field(
+        64 << 20,
+        ge=1 << 16,
+        description=(
+            "At most this many bytes per Spark read slice (one task). Slices are planned over the "
+            "whole batch: about 8 per batch, smaller at the tail, several small files per slice."
+        ),
+    )
     sensor_interval_seconds: int = Field(15, ge=1)
     max_attempts: int = Field(3, ge=1, description="Automatic sensor retries of a failed file.")
+    max_files_per_run: int = Field(
+        500,
+        ge=1,
+        description="filedrop/http/otlp: the sensor commits up to this many new settled files in one run "
+        "(one transaction, each file keeping its ledger key and partition); 1 = one run per file. "
+        "Retries of a failed batch's files run one file per run.",
+    )
+    max_bytes_per_run: int = Field(
+        1 << 30,
+        ge=1,
+        description="filedrop/http/otlp: bytes of new files one sensor run may take (default 1 GiB); "
+        "a larger file runs alone.",
+    )
     key_namespace: str | None = Field(
         None,
         pattern=f"^{_NAME}$",
         description="First part of every record key (default: the connector's name). Connectors of "
         "one feed that share it (a Kafka topic and its file exports) write each record once.",
+    )
+    schema_version: int | None = Field(
+        None,
+        ge=1,
+        description="The schema_version of the records this connector receives, when they do not say "
+        "(default: each table's current one). Older records are upgraded through the migrations.",
+    )
+    schema_version_field: str = Field(
+        "schema_version",
+        min_length=1,
+        description="The record field that states the record's own schema_version (a system field: "
+        "never a column, never in props).",
     )
     # HTTP push (kind: http | otlp)
     max_body_bytes: int = Field(
@@ -178,6 +212,8 @@ class ConnectorConfig(_Model):
     )
     # Record type -> the schema_contract its ``tables:`` entry sets (IdemConfig fills it in).
     _table_contracts: dict[str, SchemaContract] = PrivateAttr(default_factory=dict)
+    # The config's migrations, for the executors that upgrade old records (IdemConfig fills it in).
+    _migrations: MigrationSource = PrivateAttr(default_factory=MigrationSource)
 
     @field_validator("schema_evolve")
     @classmethod
@@ -261,6 +297,12 @@ class ConnectorConfig(_Model):
         return self.contract == "evolve" or "evolve" in self._table_contracts.values()
 
     @property
+    def migrations(self) -> MigrationSource:
+        """The config's migration modules and current versions (what executors import to upgrade
+        a record older than its table)."""
+        return self._migrations
+
+    @property
     def key_prefix(self) -> str:
         """The first part of this connector's record keys."""
         return self.key_namespace or self.name
@@ -296,6 +338,14 @@ class IdemConfig(_Model):
     connectors: list[ConnectorConfig] = Field(default_factory=list)
     tables: dict[str, TableConfig] = Field(default_factory=dict)
     migrations: list[str] = Field(default_factory=list)
+    assets: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Python modules whose Dagster assets and asset checks join the generated definitions "
+            "(e.g. assets reading idem's table assets as Spark DataFrames); importable from the "
+            "config file's directory too."
+        ),
+    )
     spark: SparkConfig = Field(default_factory=SparkConfig)
     source: Path | None = Field(None, exclude=True, description="The file this was read from.")
     implicit_tables: tuple[str, ...] = Field(
@@ -364,7 +414,72 @@ class IdemConfig(_Model):
                     f"connector {connector.name!r}: record_type {connector.record_type!r} is not "
                     f"in tables ({', '.join(sorted(self.tables)) or 'none declared'})"
                 )
+            self._check_versions(connector)
         return self
+
+    def _check_versions(self, connector: ConnectorConfig) -> None:
+        """A connector's declared ``schema_version`` must exist for its fixed record type, and
+        its ``schema_version_field`` must not be a declared column (it is a system field)."""
+        if connector.schema_version is not None and connector.record_type is not None:
+            current = self.tables[connector.record_type].schema_version
+            if connector.schema_version > current:
+                raise ValueError(
+                    f"connector {connector.name!r}: schema_version {connector.schema_version} is newer than "
+                    f"tables.{connector.record_type}.schema_version ({current})"
+                )
+        names = (
+            [connector.record_type]
+            if connector.record_type is not None
+            else sorted(name for name in self.tables if name not in self.implicit_tables)
+        )
+        for name in names:
+            if connector.schema_version_field in self.tables[name].columns:
+                raise ValueError(
+                    f"connector {connector.name!r}: schema_version_field {connector.schema_version_field!r} is "
+                    f"a column of {name}; it names the field that states a record's schema_version (a system "
+                    "field, never a column): rename the column or set another schema_version_field"
+                )
+
+    @model_validator(mode="after")
+    def _share_migrations(self, info: ValidationInfo) -> IdemConfig:
+        """Hand each connector the config's migrations (:attr:`ConnectorConfig.migrations`): the
+        executors that coerce its records import them to upgrade old ones. The config file's
+        directory comes from the validation context (:func:`parse_config` passes it)."""
+        source = (info.context or {}).get("source") if isinstance(info.context, dict) else None
+        shared = self._migration_source(Path(source) if source is not None else None)
+        for connector in self.connectors:
+            connector._migrations = shared
+        return self
+
+    def _migration_source(self, source: Path | None) -> MigrationSource:
+        return MigrationSource(
+            modules=tuple(self.migrations),
+            base_dir=str(source.parent) if source is not None else None,
+            current=tuple(sorted((name, table.schema_version) for name, table in self.tables.items())),
+        )
+
+    def chains(self) -> Chains:
+        """Import the ``migrations:`` modules (the config file's directory on ``sys.path``) and
+        validate every record type's chain against its current ``schema_version``.
+
+        Called when the definitions are built, so a broken chain fails the code location's
+        load, and by the commands that ingest or read.
+
+        Raises:
+            ConfigError: a module cannot be imported.
+            MigrationChainError: a chain has a gap, a duplicate or a step past the current
+                version (one line naming the record type and the step).
+        """
+        from idem_platform.migrations import check_chains, load_modules
+
+        where = _str(self.source)
+        try:
+            load_modules(self.migrations, self.source.parent if self.source is not None else None)
+            return check_chains(dict(self._migration_source(self.source).current), self.migrations)
+        except MigrationChainError as exc:
+            raise MigrationChainError(" ".join(str(exc).split("\n  ")), path=where, key="migrations") from None
+        except ConfigError as exc:
+            raise ConfigError(str(exc), path=where, key="migrations") from exc
 
     @model_validator(mode="after")
     def _contracts(self) -> IdemConfig:
@@ -524,7 +639,7 @@ def parse_config(text: str, path: Path | None = None) -> IdemConfig:
         if isinstance(connector, dict) and isinstance(connector.get("path"), str):
             connector["path"] = str((base / connector["path"]).resolve())
     try:
-        config = IdemConfig.model_validate(data)
+        config = IdemConfig.model_validate(data, context={"source": path})
     except ValidationError as exc:
         problems = []
         for error in exc.errors():

@@ -23,7 +23,10 @@ import time
 from pathlib import Path
 
 FAULT_ENV = "IDEM_FAULT"
-POINTS = ("before_stage", "staging", "before_promote", "during_promote", "after_promote")
+POINTS = (
+    "before_stage", "staging", "before_promote", "during_promote", "after_promote",
+    "migrate_batch",  # idem migrate: after each committed batch (record_type, partition, batch)
+)
 
 
 class InjectedFault(RuntimeError):

@@ -240,7 +240,7 @@ with dg.instance_for_test() as instance:
             "resources": {"spark": {"config": {"spark_config": spark_config}}},
         },
     )
-    (event,) = result.asset_materializations_for_node("threatfeed__committed")
+    (event,) = [m for m in result.asset_materializations_for_node("threatfeed__committed") if m.asset_key.path[-1] == "committed"]
     metadata = {k: v.value for k, v in event.metadata.items()}
 print(json.dumps({"master": SparkSession.getActiveSession().sparkContext.master,
                   "rows_written": metadata["rows_written"], "rows_rejected": metadata["rows_rejected"]}))

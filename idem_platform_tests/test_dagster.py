@@ -55,7 +55,7 @@ def run_partition(config: IdemConfig, pg_url: str, instance: dg.DagsterInstance,
 
 
 def committed_metadata(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
-    (materialization,) = result.asset_materializations_for_node("threatfeed__committed")
+    (materialization,) = [m for m in result.asset_materializations_for_node("threatfeed__committed") if m.asset_key.path[-1] == "committed"]
     return {k: v.value for k, v in materialization.metadata.items()}
 
 
@@ -63,7 +63,7 @@ def test_definitions_expose_assets_job_sensor_schedule_and_checks(threatfeed: Id
     defs = build_definitions(threatfeed)
     graph = defs.resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-    assert keys == {"threatfeed/ingest", "threatfeed/coerced", "threatfeed/committed"}
+    assert keys == {"threatfeed/ingest", "threatfeed/coerced", "threatfeed/committed", "idem/indicator", "idem/malware", "idem/threat-actor"}
     assert {check.name for check in graph.asset_check_keys} == {"pandera_contract", "commit_consistency", "reject_ratio"}
     assert defs.resolve_job_def("threatfeed_ingest").executor_def is dg.in_process_executor
     # The UI's "Materialize" and backfills run the implicit asset job: one process for it too.
@@ -248,7 +248,7 @@ def test_idem_dev_stops_everything_it_started_on_sigterm(
     env = {**os.environ, "IDEM_POSTGRES_URL": pg_url, "DAGSTER_HOME": str(home)}
     process = subprocess.Popen(
         [sys.executable, "-m", "idem_platform.cli", "dev", "--config", str(threatfeed.source), "--port", str(port),
-         "--workspace", str(REPO / "workspace.yaml")],
+         "--workspace", str(REPO / "workspace.yaml"), "--no-spark-server"],  # its Spark server: test_spark_connect
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "dev.log").open("w"),
     )
     try:

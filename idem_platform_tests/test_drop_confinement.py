@@ -132,7 +132,7 @@ def test_sensor_style_absolute_paths_and_relative_paths_inside_still_run(
         run_config={"ops": {"threatfeed__ingest": {"config": {"files": ["nested/b.ndjson"]}}}},
     )
     assert materialized.success
-    (event,) = materialized.asset_materializations_for_node("threatfeed__committed")
+    (event,) = [m for m in materialized.asset_materializations_for_node("threatfeed__committed") if m.asset_key.path[-1] == "committed"]
     assert event.metadata["rows_written"].value == 1
     assert event.metadata["files"].value[0]["file"] == str(second)
     with connect(pg_url) as conn:

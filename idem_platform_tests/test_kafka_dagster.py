@@ -62,7 +62,7 @@ def events(pg_url: str, tmp_path: Path, kafka_broker: Broker, topic: str) -> Ide
 
 
 def committed_metadata(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
-    (materialization,) = result.asset_materializations_for_node("events__committed")
+    (materialization,) = [m for m in result.asset_materializations_for_node("events__committed") if m.asset_key.path[-1] == "committed"]
     return {k: v.value for k, v in materialization.metadata.items()}
 
 

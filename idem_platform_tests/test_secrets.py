@@ -164,7 +164,7 @@ def test_a_dagster_run_shows_the_password_nowhere(
         run_config={"ops": {"threatfeed__ingest": {"config": {"files": [str(path)]}}}},
     )
     assert result.success
-    (event,) = result.asset_materializations_for_node("threatfeed__committed")
+    (event,) = [m for m in result.asset_materializations_for_node("threatfeed__committed") if m.asset_key.path[-1] == "committed"]
     assert event.metadata["rows_written"].value == 1 and event.metadata["rows_rejected"].value == 1
     assert dagster_leaks(instance) == []
     assert database_leaks(secret_url) == []

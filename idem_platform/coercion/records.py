@@ -43,6 +43,7 @@ from idem_platform.catalog import TableSpec, is_safe_column_name
 from idem_platform.coercion.columns import convert_column
 from idem_platform.coercion.converters import json_kind
 from idem_platform.keys import MAX_KEY_LENGTH, ext_id_text, record_key
+from idem_platform.migrations import MigrationFailed, MigrationSource
 
 LINE_BITS = 40
 LINE_MASK = (1 << LINE_BITS) - 1
@@ -69,6 +70,10 @@ SYSTEM_FIELDS = [
     pa.field("_raw", pa.string()),
     pa.field("_raw_length", pa.int64()),
     pa.field("_meta", pa.string()),
+    # Only on records older than their table (DESIGN §6): the version they came with and the
+    # record upgraded through the migrations (canonical JSON); null on every current record.
+    pa.field("_version", pa.int32()),
+    pa.field("_upgraded", pa.string()),
 ]
 
 
@@ -93,6 +98,12 @@ class RecordSpec:
             fields is a reject) or ``drop`` (they stay in ``_payload`` only).
         evolve: the contract of a record type ``contracts`` does not name:
             ``evolve`` (true) or ``drop`` (false).
+        version_field: the field a record states its ``schema_version`` in (a system
+            field: never a column, never unknown).
+        declared_version: the connector's ``schema_version`` for records that state none
+            (``None``: the table's current one).
+        migrations: what upgrades a record older than its table (imported lazily, on
+            the first such record a worker sees).
     """
 
     connector: str
@@ -111,6 +122,9 @@ class RecordSpec:
     noun: str = "line"
     keep_meta: bool = False
     contracts: dict[str, str] = field(default_factory=dict)
+    version_field: str = "schema_version"
+    declared_version: int | None = None
+    migrations: MigrationSource = field(default_factory=MigrationSource)
 
     def contract(self, record_type: str) -> str:
         """The schema contract of ``record_type`` (see ``contracts``)."""
@@ -286,7 +300,7 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
     raw_lengths = batch.column("_raw_length").to_numpy(zero_copy_only=False)
     if spec.lines:
         raw_lengths = _without_file_bom(raws, offsets_np, raw_lengths)
-    ignored = spec.ignored_fields | {spec.id_field} | ({spec.record_type_field} if spec.record_type_field else set())
+    ignored = spec.ignored_fields | {spec.id_field, spec.version_field} | ({spec.record_type_field} if spec.record_type_field else set())
     tables = {
         name: _TableRows(table, frozenset(ignored), spec.contract(name)) for name, table in spec.tables.items()
     }
@@ -308,6 +322,9 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
     positional_ids = spec.missing_id == "position"
     seen_lines: dict[bytes, str | int] = repeats.seen if repeats is not None else {}
     seen_keys: dict[str, str | int] = repeats.keys if repeats is not None else {}
+    version_field, declared = spec.version_field, spec.declared_version
+    currents = {name: table.schema_version for name, table in spec.tables.items()}
+    upgraded: dict[int, tuple[int, dict[str, Any], str]] = {}  # input index -> (version, upgraded record, its JSON)
 
     out_input: list[int] = []  # input index of every output row
     out_type: list[str | None] = []
@@ -379,6 +396,12 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
             if type(ext_id) is not str or not ext_id:  # numbers, missing or empty ids, objects: the exact rules
                 source = f"{prefixes[units_np[i]]}{offsets_np[i]}"
                 ext_id = _ext_id(record, id_field, spec.missing_id, source, digest)
+            version = record.get(version_field, declared)  # current records: this lookup is all they pay
+            if version is not None:
+                if type(version) is not int or version != currents[record_type]:
+                    upgraded[i] = _upgrade(record, record_type, version, currents[record_type], spec)
+            elif declared is not None:  # "schema_version": null states nothing: the connector's
+                upgraded[i] = _upgrade(record, record_type, declared, currents[record_type], spec)
         except _Reject as reject:
             out_input.append(i)
             out_type.append(None)
@@ -408,6 +431,8 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
             else:
                 seen_lines[raw] = row
                 fresh.append((raw, key, row))
+        if upgraded and i in upgraded:
+            record = upgraded[i][1]  # coerced in the current shape; _payload stays as received
         add_row, add_record, skip, table = routes[record_type]
         add_row(row)
         add_record(record)
@@ -495,9 +520,58 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
         pa.array(out_raw, pa.string()),
         pa.array(out_raw_len, pa.int64()),
         _metadata(batch.column("_meta"), taken, out_errors, keep=spec.keep_meta),
+        *_versions(upgraded, out_input, out_errors),
         *structs,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=spec.output_schema())
+
+
+def _upgrade(
+    record: dict[str, Any], record_type: str, version: Any, current: int, spec: RecordSpec
+) -> tuple[int, dict[str, Any], str]:
+    """A record that states (or whose connector declares) a version other than its table's
+    current one: ``(its version, the record upgraded through the migrations, its canonical
+    JSON)``, or a reject (rule ``schema_version`` or ``migration``). The version field is a
+    system field: the migrations never see it, and the upgraded record does not hold it."""
+    name = spec.version_field
+    stated = record.get(name) is not None
+    if version == current and type(version) is int:
+        return version, record, ""  # the connector's declared version is the current one after all
+    if type(version) is not int or version < 1:
+        shown = json.dumps(version, ensure_ascii=False)[:60]
+        raise _line_error("schema_version", f"field '{name}': {shown} is not a schema version (an integer >= 1)", name)
+    if version > current:
+        who = "record says" if stated else "connector declares"
+        raise _line_error("schema_version", f"{who} schema_version {version} but {record_type} is at {current}", name)
+    try:
+        result = spec.migrations.chains().upgrade(record_type, {k: v for k, v in record.items() if k != name}, version)
+        result.pop(name, None)
+        canonical = canonical_value_bytes(result)
+    except MigrationFailed as exc:
+        raise _line_error("migration", str(exc)) from None
+    except (TypeError, ValueError) as exc:  # the migration returned something JSON cannot hold
+        raise _line_error("migration", f"{record_type} upgraded from v{version} is not JSON: {exc}") from None
+    if (_NUL_ESCAPE in canonical and has_nul(result)) or (
+        _SURROGATE_ESCAPE in canonical and _lone_surrogate(result) is not None
+    ):
+        raise _line_error("migration", f"{record_type} upgraded from v{version} holds text PostgreSQL cannot store")
+    return version, result, canonical.decode("utf-8")
+
+
+def _versions(
+    upgraded: dict[int, tuple[int, dict[str, Any], str]], out_input: list[int], out_errors: list[str | None]
+) -> tuple[pa.Array, pa.Array]:
+    """The ``_version`` and ``_upgraded`` columns: null but on upgraded rows that are not rejects."""
+    n = len(out_input)
+    if not upgraded:
+        return pa.nulls(n, pa.int32()), pa.nulls(n, pa.string())
+    versions: list[int | None] = [None] * n
+    records: list[str | None] = [None] * n
+    for row, i in enumerate(out_input):
+        found = upgraded.get(i)
+        if found is not None and found[2] and out_errors[row] is None:
+            versions[row], _, records[row] = found
+    return pa.array(versions, pa.int32()), pa.array(records, pa.string())
 
 
 def _without_file_bom(raws: list[bytes | None], offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:

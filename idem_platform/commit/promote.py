@@ -175,15 +175,17 @@ def _insert_rows(
     if evolution.to_props:
         props = sql.SQL(
             "CASE WHEN s._extra ?| %(overcap)s THEN coalesce(s._props, '{}'::jsonb) || "
-            "(SELECT jsonb_object_agg(k, s._payload -> k) FROM jsonb_object_keys(s._extra) k "
+            "(SELECT jsonb_object_agg(k, coalesce(s._upgraded, s._payload) -> k) FROM jsonb_object_keys(s._extra) k "
             "WHERE k = ANY(%(overcap)s)) ELSE s._props END"
         )
     select = [
+        # A record older than its table keeps its own version (_version) and its payload as
+        # received; its typed values are those of the record upgraded by the migrations.
         sql.SQL("s._idempotency_key, %(connector)s, %(record_type)s, s._external_id, s._content_hash, "
-                "%(version)s, %(commit_id)s::uuid, now(), s._source, s._payload")
+                "coalesce(s._version, %(version)s), %(commit_id)s::uuid, now(), s._source, s._payload")
     ]
     select += [
-        sql.SQL("NULLIF(s._payload -> {}, 'null'::jsonb)").format(sql.Literal(c.name))
+        sql.SQL("NULLIF(coalesce(s._upgraded, s._payload) -> {}, 'null'::jsonb)").format(sql.Literal(c.name))
         if c.type.kind == "dynamic"
         else sql.SQL("s.{}").format(sql.Identifier(c.name))
         for c in spec.columns

@@ -50,6 +50,8 @@ STAGED_SYSTEM: tuple[tuple[str, str], ...] = (
     ("_extra", "jsonb"),
     ("_props", "jsonb"),
     ("_meta", "jsonb"),  # source metadata (Kafka key, headers...), kept when the plan asks
+    ("_version", "integer"),  # a record older than its table: its schema_version (else null: current)
+    ("_upgraded", "jsonb"),  # ...and the record upgraded through the migrations (dynamic values come from it)
 )
 STAGED_REJECT: tuple[tuple[str, str], ...] = (
     ("_pos", "bigint NOT NULL"),

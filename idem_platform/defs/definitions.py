@@ -9,12 +9,14 @@ import dagster as dg
 
 from idem_platform.config import IdemConfig
 from idem_platform.defs.filedrop.definitions import filedrop_definitions
-from idem_platform.defs.io_managers import SparkPlanIOManager, WarehouseIOManager
+from idem_platform.defs.io_managers import SparkPlanIOManager, TableIOManager, WarehouseIOManager
 from idem_platform.defs.kafka.definitions import kafka_definitions
 from idem_platform.defs.maintenance import ledger_purge_job, ledger_purge_schedule
+from idem_platform.defs.migrate import migrate_job
 from idem_platform.defs.promotion import promote_column_job
 from idem_platform.defs.rejects import rejects_definitions
 from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.tables import TABLE_IO_MANAGER, table_asset_specs
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.connection import POSTGRES_URL_ENV
 from idem_platform.redact import remember_url, url_secrets
@@ -22,7 +24,7 @@ from idem_platform.spark.session import spark_config_for
 
 
 def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dict[str, object]:
-    """``postgres``, ``spark`` and the two IO managers, configured from ``config``.
+    """``postgres``, ``spark`` and the IO managers, configured from ``config``.
 
     ``postgres`` and ``spark`` are bound with ``configure_at_launch``: their
     values from idem.yaml are the defaults a run's config (the Launchpad) may
@@ -52,6 +54,10 @@ def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dic
         "spark": spark,
         "spark_plan_io_manager": SparkPlanIOManager(),
         "warehouse_io_manager": WarehouseIOManager(postgres=postgres, spark=spark),
+        # Loads the idem/<record_type> table assets for downstream assets (read-only).
+        TABLE_IO_MANAGER: TableIOManager(
+            postgres=postgres, spark=spark, idem_config=dg.ResourceDefinition.hardcoded_resource(config)
+        ),
     }
 
 
@@ -71,6 +77,28 @@ def _hidden_url(url: str) -> dg.EnvVar:
     return dg.EnvVar(name)
 
 
+def user_definitions(config: IdemConfig) -> dg.Definitions:
+    """The assets and asset checks of the modules ``idem.yaml`` lists under ``assets:``.
+
+    Your own assets join the one code location the config generates (``idem dev``,
+    ``make dev``, ``workspace.yaml``): typically assets that read idem's table assets.
+
+    Raises:
+        ConfigError: a module cannot be imported (naming it).
+    """
+    if not config.assets:
+        return dg.Definitions()
+    import sys
+
+    from idem_platform.migrations import load_modules
+
+    load_modules(config.assets, config.source.parent if config.source else None, what="assets")
+    modules = [sys.modules[name] for name in config.assets]
+    return dg.Definitions(
+        assets=dg.load_assets_from_modules(modules), asset_checks=dg.load_asset_checks_from_modules(modules)
+    )
+
+
 def build_definitions(
     config: IdemConfig, *, postgres_url: str | None = None, files_outside_drop_dir: bool = False
 ) -> dg.Definitions:
@@ -84,6 +112,7 @@ def build_definitions(
     Raises:
         ConfigError: a connector kind this version cannot run.
     """
+    config.chains()  # a broken migration chain fails the code location's load, naming the type and the step
     parts = []
     for connector in config.connectors:
         if connector.lands_files:  # filedrop, and http/otlp whose bodies idem serve lands as files
@@ -98,12 +127,15 @@ def build_definitions(
                 key="connectors",
             )
         parts.append(rejects_definitions(config, connector))  # <connector>_retry_rejects
+    # idem/<record_type>: one asset per table, downstream of the connectors that write it.
+    parts.append(dg.Definitions(assets=table_asset_specs(config)))
+    parts.append(user_definitions(config))
     base = dg.Definitions(
         # Every job runs its steps in one process, the implicit asset job of the UI's
         # "Materialize" and backfills included: the steps share one Spark session, and
         # a replay costs seconds, not a process per step.
         executor=dg.in_process_executor,
-        jobs=[ledger_purge_job, promote_column_job(config)],
+        jobs=[ledger_purge_job, promote_column_job(config), migrate_job(config)],
         schedules=[ledger_purge_schedule],
         resources=resources_for(config, postgres_url=postgres_url),
     )

@@ -39,21 +39,27 @@ def group_of(connector: ConnectorConfig) -> str:
 
 def table_definitions(idem_config: IdemConfig, connector: ConnectorConfig) -> dict[str, dg.MetadataValue]:
     """What ``committed`` writes, shown before its first run: the tables and their declared columns."""
-    from idem_platform.catalog import SYSTEM_COLUMNS
+    # Imported here: tables.py builds on this module's asset keys.
+    from idem_platform.defs.tables import declared_schema
 
     specs = idem_config.tables_for(connector)
     metadata: dict[str, dg.MetadataValue] = {
         "writes": dg.MetadataValue.md("\n".join(f"* `idem.{name}`" for name in sorted(specs))),
     }
     for name, spec in sorted(specs.items()):
-        columns = [dg.TableColumn(column, ddl.split()[0]) for column, ddl in SYSTEM_COLUMNS]
-        columns += [
-            dg.TableColumn(c.name, c.type.postgres, constraints=dg.TableColumnConstraints(nullable=not c.required))
-            for c in spec.columns
-        ]
-        columns.append(dg.TableColumn("props", "jsonb", description="fields with no column of their own"))
-        metadata[f"columns/{name}"] = dg.MetadataValue.table_schema(dg.TableSchema(columns=columns))
+        schema = declared_schema(spec, meta_column=connector.meta_column)
+        metadata[f"columns/{name}"] = dg.MetadataValue.table_schema(schema)
     return metadata
+
+
+def single_run_policy(partitions: dg.PartitionsDefinition | None) -> dg.BackfillPolicy | None:
+    """One run for many partitions (a file-drop batch, a backfill): ``single_run`` for partitioned assets.
+
+    A run over a range of dropped files commits them in one transaction, each file
+    keeping its ledger key; Dagster records a materialization per partition of the
+    range. Unpartitioned assets (Kafka) have nothing to group.
+    """
+    return dg.BackfillPolicy.single_run() if partitions is not None else None
 
 
 def build_commit_assets(
@@ -69,6 +75,7 @@ def build_commit_assets(
         key=coerced_key,
         ins={"ingest": dg.AssetIn(ingest_key)},
         partitions_def=partitions,
+        backfill_policy=single_run_policy(partitions),
         io_manager_key=PLAN_IO_MANAGER,
         group_name=group,
         kinds={"spark", "python"},
@@ -98,6 +105,7 @@ def build_commit_assets(
         key=committed_key,
         ins={"coerced": dg.AssetIn(coerced_key)},
         partitions_def=partitions,
+        backfill_policy=single_run_policy(partitions),
         io_manager_key=WAREHOUSE_IO_MANAGER,
         group_name=group,
         kinds={"postgres"},

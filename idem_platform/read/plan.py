@@ -1,0 +1,335 @@
+"""Planning a table read on the driver: the current shape's columns, the partitions, the counts.
+
+The plan is small and picklable: it travels to the executors inside the Spark
+data source (:mod:`idem_platform.read.source`), which read their partitions
+with it and upgrade old rows with it; nothing there refers to driver state.
+
+Partitions are ranges of ``_idempotency_key`` (boundaries from a page sample of
+the table, ``TABLESAMPLE SYSTEM``), not ranges of pages: a key never moves, so
+a row rewritten while the read runs (``idem migrate``, a promotion's backfill)
+is read once, in one version or the other, never twice and never not at all.
+An *ordered* read (``idem read``) uses ranges of ``(_ingested_at, _idempotency_key)``
+instead, each sorted by PostgreSQL: partition after partition, the rows come in
+that order with no sort in Spark. Each partition reads in its own snapshot: a
+commit that lands during the read may be visible to some partitions only (read
+again for a consistent view).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+from psycopg import sql
+
+from idem_platform.catalog import SYSTEM_COLUMNS, TableSpec
+from idem_platform.config import IdemConfig
+from idem_platform.errors import ConfigError
+from idem_platform.migrations import MigrationSource
+from idem_platform.postgres.connection import connect
+from idem_platform.postgres.tables import effective_spec, existing_columns, table_ident
+
+# How a frame column is read from the table's CSV and what Arrow type it has in the frame
+# (Spark's shapes: microsecond timestamps, variable lists; JSON columns as their text).
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "text": pa.string(),
+    "json": pa.string(),
+    "bool": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "real": pa.float64(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "vector": pa.list_(pa.float32()),
+}
+_SYSTEM_KINDS = {"_schema_version": "int", "_ingested_at": "timestamp", "_payload": "json"}
+_CATALOG_KINDS = {"string": "text", "dynamic": "json"}  # others keep their catalog name
+ORDER = ("_ingested_at", "_idempotency_key")  # what `idem read` and a --limit read in
+ERROR_COLUMN = "_migration_error"  # the source's own column: why a row's upgrade failed (keep mode)
+# The version of a row's _payload when `idem migrate` moved the row past it (null: _schema_version).
+PAYLOAD_VERSION = "_payload_version"
+ROWS_PER_PARTITION = 250_000
+ORDERED_ROWS_PER_PARTITION = 50_000  # `idem read`: each partition reaches the driver whole
+MIN_ROWS_PER_PARTITION = 20_000  # below it a table is not worth splitting across the slots
+MAX_PARTITIONS = 256
+SAMPLE_KEYS_PER_PARTITION = 50
+
+
+@dataclass(frozen=True)
+class ReadColumn:
+    """One column of the frame.
+
+    Attributes:
+        name: the frame column.
+        kind: a key of :data:`ARROW_TYPES`.
+        present: whether the table has it (a column declared since the last ingest has
+            not been added yet: it reads null).
+        role: ``system``, ``meta`` (``_kafka``), ``typed`` (a catalog column),
+            ``companion`` (a promoted column's typed value), ``props`` or ``error``.
+    """
+
+    name: str
+    kind: str
+    present: bool = True
+    role: str = "system"
+
+    @property
+    def arrow(self) -> pa.DataType:
+        return ARROW_TYPES[self.kind]
+
+
+@dataclass(frozen=True)
+class ConnectorRules:
+    """What an upgraded row needs of the connector that wrote it: the field that states a
+    record's version (stripped before the migrations run), the fields that are never
+    unknown (its id and record type fields) and its schema contract for this type
+    (``drop``: unknown fields stay out of ``props``)."""
+
+    version_field: str = "schema_version"
+    known: frozenset[str] = frozenset()
+    contract: str = "evolve"
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """One read of ``idem.<record_type>`` in its current shape (picklable)."""
+
+    url: str
+    record_type: str
+    current_version: int
+    spec: TableSpec  # the effective catalog: declared, evolved and promoted columns
+    columns: tuple[ReadColumn, ...]
+    exists: bool = True
+    commit_id: str | None = None
+    limit: int | None = None
+    # Partition i reads the rows whose range columns are in [bounds[i-1], bounds[i]).
+    bounds: tuple[tuple[str, ...], ...] = ()
+    ordered: bool = False  # ranges of ORDER, each partition sorted (else ranges of keys, unsorted)
+    part: int | None = None  # read this one partition only (`idem read` fetches them one by one)
+    only_old: bool = False  # read only rows older than the current version
+    # The table has _payload_version (idem migrate moved some rows): an old row is upgraded
+    # from its payload's own version, which a moved row no longer shares with _schema_version.
+    payload_version: bool = False
+    migrations: MigrationSource = field(default_factory=MigrationSource)
+    connectors: tuple[tuple[str, ConnectorRules], ...] = ()
+
+    @property
+    def partitions(self) -> int:
+        return len(self.bounds) + 1 if self.exists else 0
+
+    def indexes(self) -> list[int]:
+        """The partitions this plan's frame reads."""
+        if self.part is not None:
+            return [self.part] if self.part < self.partitions else []
+        return list(range(self.partitions))
+
+    def rules(self, connector: str) -> ConnectorRules:
+        """The rules of the connector named ``connector`` (defaults for one no longer configured)."""
+        for name, rules in self.connectors:
+            if name == connector:
+                return rules
+        return ConnectorRules()
+
+    def arrow_schema(self) -> pa.Schema:
+        """The frame's Arrow schema (every field nullable, as Spark reads it)."""
+        return pa.schema([pa.field(c.name, c.arrow) for c in self.columns])
+
+    def where(self, index: int | None = None) -> sql.Composable:
+        """The rows partition ``index`` reads (``None``: every partition's)."""
+        conditions: list[sql.Composable] = []
+        if self.commit_id is not None:
+            conditions.append(sql.SQL("_commit_id = {}::uuid").format(sql.Literal(self.commit_id)))
+        if self.only_old:
+            conditions.append(sql.SQL("_schema_version <> {}").format(sql.Literal(self.current_version)))
+        if index is not None and self.bounds:
+            if index > 0:
+                conditions.append(self._compare(">=", self.bounds[index - 1]))
+            if index < len(self.bounds):
+                conditions.append(self._compare("<", self.bounds[index]))
+        if not conditions:
+            return sql.SQL("")
+        return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
+
+    @property
+    def range_columns(self) -> tuple[str, ...]:
+        """What the partitions' bounds are values of."""
+        return ORDER if self.ordered else ("_idempotency_key",)
+
+    def _compare(self, operator: str, bound: tuple[str, ...]) -> sql.Composable:
+        """``(_ingested_at, _idempotency_key) >= ('…'::timestamptz, '…')``: a row comparison."""
+        values = [
+            sql.SQL("{}::timestamptz").format(sql.Literal(v)) if c == "_ingested_at" else sql.Literal(v)
+            for c, v in zip(self.range_columns, bound, strict=True)
+        ]
+        return sql.SQL("({}) {} ({})").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in self.range_columns), sql.SQL(operator), sql.SQL(", ").join(values)
+        )
+
+    def tail(self, *, sort: bool = True) -> sql.Composable:
+        """``ORDER BY …`` of an ordered read, and ``LIMIT n`` of a limited one (always sorted)."""
+        if self.limit is None and not (sort and self.ordered):
+            return sql.SQL("")
+        order = sql.SQL(" ORDER BY {}").format(sql.SQL(", ").join(sql.Identifier(c) for c in ORDER))
+        if self.limit is None:
+            return order
+        return order + sql.SQL(" LIMIT {}").format(sql.Literal(self.limit))
+
+    def _version_expression(self) -> sql.Composable:
+        """``_schema_version`` as the upgrade needs it: a current row's own, an old row's
+        payload version (``idem migrate`` keeps ``_payload`` as received and records its
+        version in ``_payload_version`` when it moves the row's typed columns on)."""
+        return sql.SQL(
+            "CASE WHEN _schema_version = {current} THEN _schema_version "
+            "ELSE coalesce({payload}, _schema_version) END"
+        ).format(current=sql.Literal(self.current_version), payload=sql.Identifier(PAYLOAD_VERSION))
+
+    def query(self, index: int) -> sql.Composed:
+        """``COPY (SELECT …) TO STDOUT (FORMAT csv)`` of partition ``index``."""
+        select = sql.SQL(", ").join(
+            self._version_expression() if c.name == "_schema_version" and c.present and self.payload_version
+            else sql.Identifier(c.name) if c.present else sql.SQL("NULL")
+            for c in self.columns
+        )
+        return sql.SQL("COPY (SELECT {} FROM {}{}{}) TO STDOUT (FORMAT csv)").format(
+            select, table_ident(self.record_type), self.where(index), self.tail()
+        )
+
+
+def frame_columns(spec: TableSpec, existing: dict[str, str]) -> tuple[ReadColumn, ...]:
+    """The frame's columns: idem's system columns, ``_kafka`` when the table has it, the
+    catalog's columns (declared and evolved), each promoted column's typed companion,
+    ``props``, and the source's error column."""
+    columns = [
+        ReadColumn(name, _SYSTEM_KINDS.get(name, "text"), name in existing, "system") for name, _ in SYSTEM_COLUMNS
+    ]
+    if "_kafka" in existing:
+        columns.append(ReadColumn("_kafka", "json", True, "meta"))
+    for column in spec.columns:
+        kind = _CATALOG_KINDS.get(column.type.kind, column.type.kind)
+        columns.append(ReadColumn(column.name, kind, column.name in existing, "typed"))
+    for column in spec.promoted_columns():
+        assert column.promoted is not None and column.typed_column is not None
+        columns.append(ReadColumn(column.typed_column, column.promoted.kind, True, "companion"))
+    columns.append(ReadColumn("props", "json", "props" in existing, "props"))
+    columns.append(ReadColumn(ERROR_COLUMN, "text", False, "error"))
+    return tuple(columns)
+
+
+def connector_rules(config: IdemConfig, record_type: str) -> tuple[tuple[str, ConnectorRules], ...]:
+    """Per configured connector (by name, as rows' ``_connector`` holds it), its rules for ``record_type``."""
+    return tuple(
+        (
+            connector.name,
+            ConnectorRules(
+                version_field=connector.schema_version_field,
+                known=frozenset(f for f in (connector.id_field, connector.record_type_field) if f),
+                contract=connector.contract_for(record_type),
+            ),
+        )
+        for connector in config.connectors
+    )
+
+
+def plan_read(
+    url: str,
+    config: IdemConfig,
+    record_type: str,
+    *,
+    commit_id: str | None = None,
+    limit: int | None = None,
+    parallelism: int = 2,
+    ordered: bool = False,
+) -> tuple[ReadPlan, dict[int, int]]:
+    """Plan a read of ``idem.<record_type>``; return it with the rows per stored version.
+
+    One connection, three short statements: the table's columns, the count per
+    ``_schema_version`` (of the rows the read covers) and, for a table worth
+    splitting, a page sample of its keys (``ordered``: of ``(_ingested_at, key)``).
+
+    Raises:
+        ConfigError: an unknown record type, or a ``limit`` below 1.
+    """
+    if record_type not in config.tables:
+        known = ", ".join(sorted(config.tables)) or "none declared"
+        raise ConfigError(f"unknown record type {record_type!r} (known: {known})", path=_str(config.source))
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be at least 1 (got {limit})")
+    declared = config.table_specs[record_type]
+    with connect(url, application_name="idem-read-plan") as conn:
+        existing = existing_columns(conn, record_type)
+        spec = effective_spec(declared, existing) if existing else declared
+        plan = ReadPlan(
+            url=url,
+            record_type=record_type,
+            current_version=declared.schema_version,
+            spec=spec,
+            columns=frame_columns(spec, existing),
+            exists=bool(existing),
+            commit_id=commit_id,
+            limit=limit,
+            ordered=ordered,
+            migrations=_migrations(config),
+            connectors=connector_rules(config, record_type),
+            payload_version=PAYLOAD_VERSION in existing,
+        )
+        if not existing:
+            return plan, {}
+        counts = _counts(conn, plan)
+        total = sum(counts.values())
+        if limit is None:
+            plan = replace(plan, bounds=_bounds(conn, plan, total, parallelism))
+    return plan, counts
+
+
+def _migrations(config: IdemConfig) -> MigrationSource:
+    return MigrationSource(
+        modules=tuple(config.migrations),
+        base_dir=str(config.source.parent) if config.source is not None else None,
+        current=tuple(sorted((name, table.schema_version) for name, table in config.tables.items())),
+    )
+
+
+def _counts(conn: object, plan: ReadPlan) -> dict[int, int]:
+    """Rows per stored ``_schema_version``, of the rows the plan reads (one statement)."""
+    inner = sql.SQL("SELECT _schema_version FROM {}{}{}").format(
+        table_ident(plan.record_type), plan.where(), plan.tail(sort=False)
+    )
+    rows = conn.execute(  # type: ignore[attr-defined]
+        sql.SQL("SELECT _schema_version, count(*) FROM ({}) s GROUP BY 1 ORDER BY 1").format(inner)
+    ).fetchall()
+    return {int(version): int(count) for version, count in rows}
+
+
+def partition_count(rows: int, parallelism: int, per_partition: int = ROWS_PER_PARTITION) -> int:
+    """How many ranges: ~``per_partition`` rows each, but every slot busy once the table is
+    big enough to be worth it."""
+    if rows < 2 * MIN_ROWS_PER_PARTITION:
+        return 1
+    wanted = max(math.ceil(rows / per_partition), min(max(parallelism, 1), rows // MIN_ROWS_PER_PARTITION))
+    return min(wanted, MAX_PARTITIONS)
+
+
+def _bounds(conn: object, plan: ReadPlan, rows: int, parallelism: int) -> tuple[tuple[str, ...], ...]:
+    """Bounds splitting the rows a plan reads into about :func:`partition_count` ranges."""
+    count = partition_count(rows, parallelism, ORDERED_ROWS_PER_PARTITION if plan.ordered else ROWS_PER_PARTITION)
+    if count <= 1:
+        return ()
+    # Pages are sampled, then the read's own filter (a commit) applies: aim at the rows read.
+    percent = min(100.0, 100.0 * SAMPLE_KEYS_PER_PARTITION * count / max(rows, 1))
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in plan.range_columns)
+    sample = [
+        tuple(v.isoformat() if hasattr(v, "isoformat") else v for v in row)
+        for row in conn.execute(  # type: ignore[attr-defined]
+            sql.SQL("SELECT {} FROM {} TABLESAMPLE SYSTEM ({}){} ORDER BY {}").format(
+                columns, table_ident(plan.record_type), sql.Literal(percent), plan.where(), columns
+            )
+        ).fetchall()
+    ]
+    if len(sample) < count:
+        return ()
+    picked = [sample[len(sample) * i // count] for i in range(1, count)]
+    return tuple(dict.fromkeys(picked))  # sorted already; a repeated bound would make an empty range
+
+
+def _str(path: object) -> str | None:
+    return str(path) if path is not None else None

@@ -1,0 +1,236 @@
+"""Executors: the rows of a read batch that are older than their table, upgraded to its current shape.
+
+Current rows are not touched (a compare on ``_schema_version`` per batch, in Arrow):
+only old rows reach Python. For each, ``_payload`` (the record as received) is
+parsed, the version field of the connector that wrote it is dropped, the chain
+``v -> v+1 -> ... -> current`` runs (:meth:`~idem_platform.migrations.Chains.upgrade`),
+and the upgraded records are coerced with the current catalog by the ingest path's
+own converters (:func:`~idem_platform.coercion.columns.convert_column`), so an
+upgraded row holds exactly what ingesting the upgraded record would write:
+
+* typed columns as ingest types them (timestamps to the microsecond, rounded half
+  up; ``dynamic`` values as canonical JSON text);
+* a promoted column's companion as ``idem.promote_<kind>`` would cast its text
+  (:func:`~idem_platform.postgres.promotion.reference_cast`, the cast's reference);
+* ``props``: the upgraded record's fields that are no column of the table (unless
+  the connector's contract is ``drop``), as canonical JSON. A read adds no column,
+  so a field that ingest would have evolved into a new column lands here.
+
+A row whose migration raises, or whose upgraded record does not fit the catalog
+(a ``required`` column left empty, a value of the wrong type), fails the read with
+:class:`~idem_platform.migrations.MigrationFailed` naming its key and the step;
+with ``skip``, it is left out; with ``keep``, it stays with its reason in
+``_migration_error`` (how failures are counted).
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from idem_platform.canonical import InvalidJSON, canonical_value_bytes, parse_json_slow
+from idem_platform.catalog import Column
+from idem_platform.coercion.columns import convert_column
+from idem_platform.coercion.records import _for_spark
+from idem_platform.migrations import Chains, MigrationFailed
+from idem_platform.read.plan import ERROR_COLUMN, ConnectorRules, ReadPlan
+
+RAISE, SKIP, KEEP = "raise", "skip", "keep"  # what a failing row does to the read
+
+
+def parse_payload(text: str) -> Any:
+    """``_payload`` (PostgreSQL's jsonb text) as the record, integers exact.
+
+    orjson reads an integer past 64 bits as a float (written back as ``1.2e+22``;
+    PostgreSQL itself never writes an exponent): such a payload is parsed again by
+    :mod:`json`, which keeps it exact (the canonical form's rule, :mod:`idem_platform.canonical`).
+    """
+    value = orjson.loads(text)
+    if b"e+" in orjson.dumps(value):
+        return parse_json_slow(text.encode("utf-8"))
+    return value
+
+
+def json_text(value: Any) -> str:
+    """A ``dynamic`` value as JSON text (equal as JSON to what PostgreSQL returns for ingested rows)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
+    except TypeError:  # an integer past 64 bits
+        return canonical_value_bytes(value).decode("utf-8")
+
+
+def upgrade_batch(batch: pa.RecordBatch, plan: ReadPlan, mode: str = RAISE) -> pa.RecordBatch:
+    """``batch`` in the current shape: every ``_schema_version`` the current one, old rows upgraded.
+
+    Raises:
+        MigrationFailed: (``mode`` ``raise``) a row's migration raised, or its upgraded
+            record does not fit the catalog; names the row's key and the step.
+    """
+    rows = batch.num_rows
+    names = batch.schema.names
+    stored = batch.column("_schema_version")
+    current = plan.current_version
+    old = np.asarray(pc.fill_null(pc.not_equal(stored, current), False))
+    version_index = names.index("_schema_version")
+    batch = batch.set_column(version_index, batch.schema.field(version_index), pa.array(np.full(rows, current, np.int32)))
+    if not old.any():
+        return batch
+    positions = np.flatnonzero(old)
+    upgraded = _Upgrade(plan, mode)
+    replacements = upgraded.run(
+        keys=batch.column("_idempotency_key").take(positions).to_pylist(),
+        versions=stored.take(positions).to_pylist(),
+        connectors=batch.column("_connector").take(positions).to_pylist(),
+        payloads=batch.column("_payload").take(positions).to_pylist(),
+    )
+    index = np.arange(rows, dtype=np.int64)
+    index[positions] = rows + np.arange(len(positions), dtype=np.int64)
+    taken = pa.array(index)
+    for name, values in replacements.items():
+        i = names.index(name)
+        merged = pa.concat_arrays([batch.column(i), values.cast(batch.schema.field(i).type)]).take(taken)
+        batch = batch.set_column(i, batch.schema.field(i), merged)
+    if mode == SKIP and upgraded.failures:
+        keep = np.ones(rows, dtype=bool)
+        keep[positions[sorted(upgraded.failures)]] = False
+        batch = batch.filter(pa.array(keep))
+    return batch
+
+
+class _Upgrade:
+    """The old rows of one batch: migrated, then coerced column by column."""
+
+    def __init__(self, plan: ReadPlan, mode: str) -> None:
+        self.plan = plan
+        self.mode = mode
+        self.chains: Chains = plan.migrations.chains()
+        self.failures: dict[int, str] = {}  # local row -> why (skip/keep)
+        self._rules: dict[str, ConnectorRules] = {}
+        self._allowed: dict[str, tuple[bool, frozenset[str]]] = {}  # connector -> (drop?, fields never in props)
+
+    def _fail(self, local: int, error: MigrationFailed) -> None:
+        if self.mode == RAISE:
+            raise error
+        self.failures[local] = str(error)
+
+    def _rules_of(self, connector: str) -> ConnectorRules:
+        rules = self._rules.get(connector)
+        if rules is None:
+            rules = self._rules[connector] = self.plan.rules(connector)
+        return rules
+
+    def run(
+        self, *, keys: list[str], versions: list[int], connectors: list[str], payloads: list[str]
+    ) -> dict[str, pa.Array]:
+        """The replacement values of the old rows, per frame column."""
+        plan = self.plan
+        record_type = plan.record_type
+        records: list[dict[str, Any]] = []
+        for local, (key, version, connector, payload) in enumerate(zip(keys, versions, connectors, payloads, strict=True)):
+            rules = self._rules_of(connector)
+            try:
+                record = parse_payload(payload)
+            except (InvalidJSON, orjson.JSONDecodeError) as exc:  # jsonb always parses; a guard, not a path
+                record = None
+                problem = f"_payload is not JSON ({exc})"
+            else:
+                problem = "" if type(record) is dict else "_payload is not a JSON object"
+            if problem:
+                step = f"{record_type} v{version}->v{plan.current_version}"
+                self._fail(local, MigrationFailed(f"migration {step} on row {key}: {problem}", step=step, key=key))
+                records.append({})
+                continue
+            assert isinstance(record, dict)
+            record.pop(rules.version_field, None)
+            try:
+                result = self.chains.upgrade(record_type, record, version, key=key)
+            except MigrationFailed as exc:
+                self._fail(local, exc)
+                records.append({})
+                continue
+            result.pop(rules.version_field, None)
+            records.append(result)
+        return self._coerce(records, keys, versions, connectors)
+
+    def _coerce(
+        self, records: list[dict[str, Any]], keys: list[str], versions: list[int], connectors: list[str]
+    ) -> dict[str, pa.Array]:
+        plan = self.plan
+        out: dict[str, pa.Array] = {}
+        by_name: dict[str, Column] = {c.name: c for c in plan.spec.columns}
+        texts: dict[str, list[Any]] = {}
+        for column in plan.columns:
+            if column.role != "typed":
+                continue
+            catalog = by_name[column.name]
+            values = list(map(dict.get, records, repeat(column.name)))  # one C-level pass per column
+            present = [column.name in record for record in records] if catalog.required else None
+            if catalog.type.kind == "dynamic":  # any JSON value: only `required` can fail
+                array, errors = convert_column(catalog, values, present, dynamic_values=False)
+                array = pa.array([None if v is None else json_text(v) for v in values], pa.string())
+            else:
+                array, errors = convert_column(catalog, values, present, dynamic_values=True)
+            for local, error in errors:
+                if local not in self.failures:
+                    self._fail(local, self._misfit(keys[local], versions[local], error))
+            if catalog.promoted is not None:
+                texts[column.name] = array.to_pylist()
+            out[column.name] = _frame_array(array, column.arrow)
+        for catalog in plan.spec.promoted_columns():
+            from idem_platform.postgres.promotion import reference_cast
+
+            assert catalog.promoted is not None and catalog.typed_column is not None
+            kind = catalog.promoted.kind
+            cast = [None if text is None else reference_cast(kind, text) for text in texts[catalog.name]]
+            target = next(c.arrow for c in plan.columns if c.name == catalog.typed_column)
+            out[catalog.typed_column] = pa.array(cast, type=target)
+        out["props"] = pa.array(
+            [self._props(record, connector) for record, connector in zip(records, connectors, strict=True)], pa.string()
+        )
+        if self.failures:
+            failed = np.zeros(len(records), dtype=bool)
+            failed[sorted(self.failures)] = True
+            mask = pa.array(failed)
+            out = {name: pc.if_else(mask, pa.scalar(None, array.type), array) for name, array in out.items()}
+        out[ERROR_COLUMN] = pa.array([self.failures.get(local) for local in range(len(records))], pa.string())
+        return out
+
+    def _misfit(self, key: str, version: int, error: dict[str, Any]) -> MigrationFailed:
+        plan = self.plan
+        step = f"{plan.record_type} v{version}->v{plan.current_version}"
+        names = ", ".join(m.name for m in self.chains.path(plan.record_type, version))
+        return MigrationFailed(
+            f"migration {step} ({names}) on row {key}: the upgraded record does not fit the catalog of "
+            f"{plan.record_type}: {error.get('message')} [{error.get('rule')}]",
+            step=step,
+            function=names,
+            key=key,
+        )
+
+    def _props(self, record: dict[str, Any], connector: str) -> str | None:
+        """The upgraded record's fields that are no column: what ``props`` holds for it."""
+        if not record:
+            return None
+        found = self._allowed.get(connector)
+        if found is None:
+            rules = self._rules_of(connector)
+            found = self._allowed[connector] = (
+                rules.contract == "drop", frozenset(self.plan.spec.column_names()) | rules.known
+            )
+        drop, allowed = found
+        if drop or record.keys() <= allowed:
+            return None
+        unknown = sorted(record.keys() - allowed)
+        return canonical_value_bytes({name: record[name] for name in unknown}).decode("utf-8")
+
+
+def _frame_array(array: pa.Array, target: pa.DataType) -> pa.Array:
+    """A converted column (the catalog's Arrow type) in the frame's type."""
+    if pa.types.is_binary(array.type):  # dynamic: canonical JSON bytes
+        return array.cast(pa.string())
+    return _for_spark(array, target)
