@@ -62,3 +62,22 @@ FIXTURES: dict[str, list[dict[int, dict[str, Any]]]] = {
         },
     ],
 }
+
+
+# The sensors feed at v1, before any bump: the config test_migrations and test_migrate start from.
+V1_CONFIG = """
+connectors:
+  - name: sensors
+    kind: filedrop
+    path: drop/sensors
+    record_type: reading
+    id_field: id
+tables:
+  reading:
+    schema_version: 1
+    columns:
+      sensor: {type: string, required: true}
+      temp: real
+      taken: timestamp
+      meta: dynamic
+"""

@@ -50,22 +50,7 @@ from idem_platform_tests.conftest import (
     write_config,
 )
 
-V1 = """
-connectors:
-  - name: sensors
-    kind: filedrop
-    path: drop/sensors
-    record_type: reading
-    id_field: id
-tables:
-  reading:
-    schema_version: 1
-    columns:
-      sensor: {type: string, required: true}
-      temp: real
-      taken: timestamp
-      meta: dynamic
-"""
+V1 = migrations_fixture.V1_CONFIG  # the sensors feed before any bump
 
 V3 = """
 connectors:
