@@ -349,6 +349,21 @@ def server_facts(url: str) -> dict[str, Any]:
     return {"server_version": version[0] if version else None, **settings}
 
 
+def cpu_speed(loops: int = 5_000_000) -> float:
+    """CPU seconds of a fixed pure-Python loop: how fast this machine is right now.
+
+    Shared virtual machines of one kind vary (a neighbour's load on the host): the same
+    loop took 0.18 s in one hour and 0.34 s in the next (2026-11-23), and every figure
+    moved with it.
+    Printed beside results, it tells a slow round from a slow product.
+    """
+    started = time.process_time()
+    total = 0
+    for i in range(loops):
+        total += i
+    return round(time.process_time() - started, 3)
+
+
 def machine_facts() -> dict[str, Any]:
     """The machine and the commit measured (for the results)."""
     import platform
@@ -360,6 +375,7 @@ def machine_facts() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "cpu_speed_seconds": cpu_speed(),
         "python": platform.python_version(),
         "commit": commit.stdout.strip() or None,
         "uncommitted_changes": bool(dirty.stdout.strip()),

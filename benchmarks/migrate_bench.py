@@ -5,7 +5,8 @@
 1. ``idem.reading`` is filled by SQL (``generate_series``, no ingest: the ingest has its
    own benchmark) with ``--records`` rows, every other one stored at v1 (its
    ``_payload`` in the v1 shape: ``temp`` in °F, ``meta``), the others at the current v3;
-   the chain v1 -> v2 -> v3 is the ``reading`` one of the README (rename, then °F -> °C);
+   the chain v1 -> v2 -> v3 is the tests' ``reading`` one (:mod:`idem_platform_tests.migrations_fixture`,
+   copied beside the config: rename, then °F -> °C);
 2. **read, mixed**: ``read_table`` of the whole table in this process (Spark session
    and its Python workers started beforehand, not timed), materialized by Spark's ``noop`` sink: every row in
    the current shape, the v1 half upgraded on the executors: rows/s overall;
@@ -24,6 +25,8 @@ server URL (a fresh database is made on it).
 from __future__ import annotations
 
 import argparse
+import shutil
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -34,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
-from benchmarks.harness import embedded_server, environment, fresh_database, run_idem  # noqa: E402
+from benchmarks.harness import cpu_speed, embedded_server, environment, fresh_database, run_idem  # noqa: E402
+from idem_platform_tests import migrations_fixture  # noqa: E402
 
 CONFIG = """
 connectors:
@@ -59,25 +63,6 @@ spark:
     spark.ui.enabled: "false"
 """
 
-MIGRATIONS = '''
-from idem_platform.migrations import schema_migration
-
-
-@schema_migration("reading", from_version=1, to_version=2)
-def rename_temp_and_meta(record):
-    if "temp" in record:
-        record["temperature"] = record.pop("temp")
-    if "meta" in record:
-        record["labels"] = record.pop("meta")
-    return record
-
-
-@schema_migration("reading", from_version=2, to_version=3)
-def fahrenheit_to_celsius(record):
-    if record.get("temperature") is not None:
-        record["temperature"] = round((record["temperature"] - 32) * 5 / 9, 6)
-    return record
-'''
 
 # Even rows at v1 (payload as a v1 producer sent it; typed columns as the v1 table had
 # none of the v3 ones), odd rows at v3 (payload and typed columns in the current shape).
@@ -123,11 +108,16 @@ def build(url: str, config: Any, records: int) -> float:
     return time.monotonic() - started
 
 
-def timed_read(spark: Any, frame: Any) -> float:
-    """Seconds to read and upgrade every row of ``frame`` (Spark's ``noop`` sink: nothing kept)."""
-    started = time.monotonic()
-    frame.write.format("noop").mode("overwrite").save()
-    return time.monotonic() - started
+def timed_read(spark: Any, frame: Any, rounds: int = 1) -> tuple[float, str]:
+    """Median seconds of ``rounds`` reads of every row of ``frame``, upgraded (Spark's ``noop``
+    sink: nothing kept), and the rounds' range."""
+    times = []
+    for _ in range(rounds):
+        started = time.monotonic()
+        frame.write.format("noop").mode("overwrite").save()
+        times.append(time.monotonic() - started)
+    spread = f"rounds {', '.join(f'{t:.2f}' for t in times)} s" if rounds > 1 else ""
+    return statistics.median(times), spread
 
 
 def versions(url: str) -> dict[int, int]:
@@ -141,6 +131,7 @@ def main() -> int:
     parser.add_argument("--postgres", help="server URL (default: the embedded pgserver)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--batch-rows", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=3, help="reads per phase (the median is reported)")
     parser.add_argument("--workdir", default=str(Path(__file__).resolve().parent / "data" / "migrate"))
     args = parser.parse_args()
 
@@ -151,7 +142,7 @@ def main() -> int:
 
     workdir = Path(args.workdir).resolve()
     (workdir / "drop").mkdir(parents=True, exist_ok=True)
-    (workdir / "bench_reading_migrations.py").write_text(MIGRATIONS, encoding="utf-8")
+    shutil.copy(migrations_fixture.__file__, workdir / "bench_reading_migrations.py")  # the tests' chain
     config_path = workdir / "idem.yaml"
     config_path.write_text(CONFIG, encoding="utf-8")
     config = load_config(str(config_path))
@@ -160,6 +151,7 @@ def main() -> int:
     env = environment(url, workdir / "dagster_home", args.master)
     old = args.records // 2
 
+    speed_before = cpu_speed()
     built = build(url, config, args.records)
     spark = build_session(spark_config_for(args.master, {"spark.ui.enabled": "false"}))
     results: list[tuple[str, float, int, str]] = [("build (SQL)", built, args.records, "")]
@@ -167,10 +159,12 @@ def main() -> int:
     read = read_table(spark, url, config, "reading")
     with migration_errors():
         read_table(spark, url, config, "reading", limit=10).frame.collect()  # Python workers started, not timed
-        results.append(("read, mixed (half v1)", timed_read(spark, read.frame), args.records, ""))
+        seconds, note = timed_read(spark, read.frame, args.rounds)
+        results.append(("read, mixed (half v1)", seconds, args.records, note))
         assert read.plan is not None
         only_old = source_frame(spark, replace(read.plan, only_old=True))
-        results.append(("read, v1 rows only", timed_read(spark, only_old), old, "upgraded"))
+        seconds, note = timed_read(spark, only_old, args.rounds)
+        results.append(("read, v1 rows only", seconds, old, f"upgraded; {note}" if note else "upgraded"))
 
     reports: dict[str, dict[str, Any]] = {}
     for name, extra in (("migrate --dry-run", ["--dry-run"]), ("migrate", []), ("migrate again", [])):
@@ -183,7 +177,8 @@ def main() -> int:
 
     after = read_table(spark, url, config, "reading")
     with migration_errors():
-        results.append(("read, all current", timed_read(spark, after.frame), args.records, ""))
+        seconds, note = timed_read(spark, after.frame, args.rounds)
+        results.append(("read, all current", seconds, args.records, note))
 
     checks = {
         "dry run counts the v1 half": reports["migrate --dry-run"]["rows_to_move"] == old,
@@ -192,6 +187,7 @@ def main() -> int:
         "every row at v3 once": versions(url) == {3: args.records},
     }
     print(f"records: {args.records:,} (half at v1)  master: {args.master}  postgres: {'server' if args.postgres else 'embedded'}")
+    print(f"machine: cpu_speed {speed_before:.2f} s before, {cpu_speed():.2f} s after (harness.cpu_speed: lower is faster)")
     print(f"{'phase':24} {'seconds':>8} {'rows':>10} {'rows/s':>9}")
     for name, seconds, rows, note in results:
         rate = f"{rows / seconds:9,.0f}" if seconds else "-"

@@ -356,7 +356,7 @@ def test_key_ranges_read_every_row_once(mixed: Mixed, pg_url: str, spark: Any) -
     in_order = TableRead(source_frame(spark, ordered), "reading", 3, counts, None, ordered, spark)
     assert [json.loads(line)["_external_id"] for line in read_lines(in_order) if line] == list(EXPECTED)
     assert [len(p) for p in source_frame(spark, ordered).rdd.glom().collect()] == [3, 3, 2]
-    assert partition_count(10_000, 2) == 1 and partition_count(100_000, 2) == 2 and partition_count(1_000_000, 2) == 4
+    assert partition_count(10_000, 2) == 1 and partition_count(100_000, 2) == 2 and partition_count(1_000_000, 2) == 8
     assert partition_count(1_000_000, 2, 50_000) == 20
 
 

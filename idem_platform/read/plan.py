@@ -48,11 +48,14 @@ ORDER = ("_ingested_at", "_idempotency_key")  # what `idem read` and a --limit r
 ERROR_COLUMN = "_migration_error"  # the source's own column: why a row's upgrade failed (keep mode)
 # The version of a row's _payload when `idem migrate` moved the row past it (null: _schema_version).
 PAYLOAD_VERSION = "_payload_version"
-ROWS_PER_PARTITION = 250_000
+_REBUILT_ROLES = frozenset({"typed", "companion", "props"})  # what the upgrade replaces in an old row
+ROWS_PER_PARTITION = 125_000
 ORDERED_ROWS_PER_PARTITION = 50_000  # `idem read`: each partition reaches the driver whole
 MIN_ROWS_PER_PARTITION = 20_000  # below it a table is not worth splitting across the slots
 MAX_PARTITIONS = 256
-SAMPLE_KEYS_PER_PARTITION = 50
+# Rows a plan samples for its bounds. Pages are sampled whole (~20 rows each), so the bounds'
+# error follows the pages sampled (~1,000 here: ranges within a few percent), not the rows.
+SAMPLE_ROWS = 20_000
 
 
 @dataclass(frozen=True)
@@ -183,13 +186,22 @@ class ReadPlan:
             "ELSE coalesce({payload}, _schema_version) END"
         ).format(current=sql.Literal(self.current_version), payload=sql.Identifier(PAYLOAD_VERSION))
 
+    def _select(self, column: ReadColumn) -> sql.Composable:
+        """What the read selects for ``column``. An old row's typed columns, companions and
+        ``props`` are rebuilt from its ``_payload`` by the upgrade, so they are not sent."""
+        if not column.present:
+            return sql.SQL("NULL")
+        if column.name == "_schema_version" and self.payload_version:
+            return self._version_expression()
+        if column.role in _REBUILT_ROLES:
+            return sql.SQL("CASE WHEN _schema_version = {} THEN {} END").format(
+                sql.Literal(self.current_version), sql.Identifier(column.name)
+            )
+        return sql.Identifier(column.name)
+
     def query(self, index: int) -> sql.Composed:
         """``COPY (SELECT …) TO STDOUT (FORMAT csv)`` of partition ``index``."""
-        select = sql.SQL(", ").join(
-            self._version_expression() if c.name == "_schema_version" and c.present and self.payload_version
-            else sql.Identifier(c.name) if c.present else sql.SQL("NULL")
-            for c in self.columns
-        )
+        select = sql.SQL(", ").join(self._select(c) for c in self.columns)
         return sql.SQL("COPY (SELECT {} FROM {}{}{}) TO STDOUT (FORMAT csv)").format(
             select, table_ident(self.record_type), self.where(index), self.tail()
         )
@@ -315,7 +327,7 @@ def _bounds(conn: object, plan: ReadPlan, rows: int, parallelism: int) -> tuple[
     if count <= 1:
         return ()
     # Pages are sampled, then the read's own filter (a commit) applies: aim at the rows read.
-    percent = min(100.0, 100.0 * SAMPLE_KEYS_PER_PARTITION * count / max(rows, 1))
+    percent = min(100.0, 100.0 * max(SAMPLE_ROWS, 20 * count) / max(rows, 1))
     columns = sql.SQL(", ").join(sql.Identifier(c) for c in plan.range_columns)
     sample = [
         tuple(v.isoformat() if hasattr(v, "isoformat") else v for v in row)

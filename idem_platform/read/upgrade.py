@@ -83,10 +83,10 @@ def upgrade_batch(batch: pa.RecordBatch, plan: ReadPlan, mode: str = RAISE) -> p
     positions = np.flatnonzero(old)
     upgraded = _Upgrade(plan, mode)
     replacements = upgraded.run(
-        keys=batch.column("_idempotency_key").take(positions).to_pylist(),
-        versions=stored.take(positions).to_pylist(),
-        connectors=batch.column("_connector").take(positions).to_pylist(),
-        payloads=batch.column("_payload").take(positions).to_pylist(),
+        keys=batch.column("_idempotency_key").take(positions),
+        versions=stored.take(positions),
+        connectors=batch.column("_connector").take(positions),
+        payloads=batch.column("_payload").take(positions),
     )
     index = np.arange(rows, dtype=np.int64)
     index[positions] = rows + np.arange(len(positions), dtype=np.int64)
@@ -124,41 +124,63 @@ class _Upgrade:
             rules = self._rules[connector] = self.plan.rules(connector)
         return rules
 
-    def run(
-        self, *, keys: list[str], versions: list[int], connectors: list[str], payloads: list[str]
-    ) -> dict[str, pa.Array]:
-        """The replacement values of the old rows, per frame column."""
+    def run(self, *, keys: pa.Array, versions: pa.Array, connectors: pa.Array, payloads: pa.Array) -> dict[str, pa.Array]:
+        """The replacement values of the old rows, per frame column.
+
+        Rows are grouped by (stored version, connector), usually one or two groups a
+        batch, so each group's path and rules are looked up once and each step runs
+        over the group in one loop (:meth:`~idem_platform.migrations.Chains.upgrade_many`).
+        """
         plan = self.plan
         record_type = plan.record_type
-        records: list[dict[str, Any]] = []
-        for local, (key, version, connector, payload) in enumerate(zip(keys, versions, connectors, payloads, strict=True)):
-            rules = self._rules_of(connector)
-            try:
-                record = parse_payload(payload)
-            except (InvalidJSON, orjson.JSONDecodeError) as exc:  # jsonb always parses; a guard, not a path
-                record = None
-                problem = f"_payload is not JSON ({exc})"
-            else:
-                problem = "" if type(record) is dict else "_payload is not a JSON object"
-            if problem:
-                step = f"{record_type} v{version}->v{plan.current_version}"
-                self._fail(local, MigrationFailed(f"migration {step} on row {key}: {problem}", step=step, key=key))
-                records.append({})
-                continue
-            assert isinstance(record, dict)
-            record.pop(rules.version_field, None)
-            try:
-                result = self.chains.upgrade(record_type, record, version, key=key)
-            except MigrationFailed as exc:
-                self._fail(local, exc)
-                records.append({})
-                continue
-            result.pop(rules.version_field, None)
-            records.append(result)
-        return self._coerce(records, keys, versions, connectors)
+        key_of = _Keys(keys)
+        stored = [int(v) for v in versions.to_numpy(zero_copy_only=False)]
+        records: list[dict[str, Any] | None] = _parse_payloads(payloads)
+        for local, record in enumerate(records):
+            if type(record) is not dict:
+                problem = record if isinstance(record, _Unparsed) else "_payload is not a JSON object"
+                step = f"{record_type} v{stored[local]}->v{plan.current_version}"
+                records[local] = None
+                self._fail(local, MigrationFailed(
+                    f"migration {step} on row {key_of(local)}: {problem}", step=step, key=key_of(local)
+                ))
+        encoded = pc.dictionary_encode(connectors)
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        names = encoded.dictionary.to_pylist()
+        version_array = np.asarray(stored, dtype=np.int64)
+        connector_names: list[str] = [names[code] for code in codes.tolist()]
+        for version in np.unique(version_array).tolist():
+            for code, connector in enumerate(names):
+                where = np.flatnonzero((version_array == version) & (codes == code))
+                if not len(where):
+                    continue
+                field = self._rules_of(connector).version_field
+                group: list[dict[str, Any] | None] = [records[i] for i in where]
+                for record in group:
+                    if record is not None:
+                        record.pop(field, None)
+                positions = where.tolist()
+
+                def failed(at: int, error: MigrationFailed, positions: list[int] = positions) -> None:
+                    self._fail(positions[at], error)
+
+                try:
+                    self.chains.upgrade_many(record_type, group, int(version), lambda at, p=positions: key_of(p[at]), failed)
+                except MigrationFailed as exc:
+                    if self.mode == RAISE or exc.key is not None:
+                        raise
+                    for at, position in enumerate(positions):  # the version itself has no path
+                        group[at] = None
+                        self.failures[position] = str(exc)
+                for position, record in zip(positions, group, strict=True):
+                    if record is not None:
+                        record.pop(field, None)
+                    records[position] = record
+        upgraded = [record if record is not None else {} for record in records]
+        return self._coerce(upgraded, key_of, stored, connector_names)
 
     def _coerce(
-        self, records: list[dict[str, Any]], keys: list[str], versions: list[int], connectors: list[str]
+        self, records: list[dict[str, Any]], key_of: _Keys, versions: list[int], connectors: list[str]
     ) -> dict[str, pa.Array]:
         plan = self.plan
         out: dict[str, pa.Array] = {}
@@ -177,7 +199,7 @@ class _Upgrade:
                 array, errors = convert_column(catalog, values, present, dynamic_values=True)
             for local, error in errors:
                 if local not in self.failures:
-                    self._fail(local, self._misfit(keys[local], versions[local], error))
+                    self._fail(local, self._misfit(key_of(local), versions[local], error))
             if catalog.promoted is not None:
                 texts[column.name] = array.to_pylist()
             out[column.name] = _frame_array(array, column.arrow)
@@ -227,6 +249,46 @@ class _Upgrade:
             return None
         unknown = sorted(record.keys() - allowed)
         return canonical_value_bytes({name: record[name] for name in unknown}).decode("utf-8")
+
+
+class _Keys:
+    """The old rows' keys, converted one by one when an error needs to name one."""
+
+    def __init__(self, keys: pa.Array) -> None:
+        self._keys = keys
+
+    def __call__(self, local: int) -> str:
+        return str(self._keys[local].as_py())
+
+
+class _Unparsed(str):
+    """Why a ``_payload`` did not parse (in place of its record)."""
+
+
+# A run of 20 digits: an integer that may be past 64 bits (orjson reads those as floats).
+_LONG_DIGITS = r"[0-9]{20}"
+
+
+def _parse_payloads(payloads: pa.Array) -> list[Any]:
+    """Each ``_payload`` parsed (:func:`parse_payload`'s rules); a row that is not JSON holds
+    the problem's text instead. Only payloads with 20 digits in a row (found by one Arrow
+    pass) take the exact-integer check."""
+    texts = payloads.to_pylist()
+    suspect = np.asarray(pc.fill_null(pc.match_substring_regex(payloads, _LONG_DIGITS), False))
+    loads = orjson.loads
+    out: list[Any] = []
+    append = out.append
+    for text in texts:
+        try:
+            append(loads(text))
+        except (orjson.JSONDecodeError, TypeError) as exc:
+            append(_Unparsed(f"_payload is not JSON ({exc})"))
+    for local in np.flatnonzero(suspect).tolist():
+        try:
+            out[local] = parse_payload(texts[local])
+        except (InvalidJSON, orjson.JSONDecodeError) as exc:
+            out[local] = _Unparsed(f"_payload is not JSON ({exc})")
+    return out
 
 
 def _frame_array(array: pa.Array, target: pa.DataType) -> pa.Array:
