@@ -40,28 +40,13 @@ import psycopg  # noqa: E402
 from benchmarks.harness import cpu_speed, embedded_server, environment, fresh_database, run_idem  # noqa: E402
 from idem_platform_tests import migrations_fixture  # noqa: E402
 
-CONFIG = """
-connectors:
-  - name: bench
-    kind: filedrop
-    path: drop
-    record_type: reading
-    id_field: id
-tables:
-  reading:
-    schema_version: 3
-    columns:
-      sensor: {type: string, required: true}
-      temperature: real
-      taken: timestamp
-      labels: dynamic
-      site: string
-      seq: long
-migrations: [bench_reading_migrations]
-spark:
-  conf:
-    spark.ui.enabled: "false"
-"""
+CONFIG = migrations_fixture.reading_config(
+    3,
+    {"sensor": migrations_fixture.REQUIRED_SENSOR, "temperature": "real", "taken": "timestamp", "labels": "dynamic",
+     "site": "string", "seq": "long"},
+    connectors="  - name: bench\n    kind: filedrop\n    path: drop\n    record_type: reading\n    id_field: id\n",
+    migrations="bench_reading_migrations",
+) + 'spark:\n  conf:\n    spark.ui.enabled: "false"\n'
 
 
 # Even rows at v1 (payload as a v1 producer sent it; typed columns as the v1 table had

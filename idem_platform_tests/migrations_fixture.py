@@ -64,20 +64,25 @@ FIXTURES: dict[str, list[dict[int, dict[str, Any]]]] = {
 }
 
 
-# The sensors feed at v1, before any bump: the config test_migrations and test_migrate start from.
-V1_CONFIG = """
-connectors:
-  - name: sensors
+# The sensors feed's connector, as idem.yaml lists it.
+SENSORS = """  - name: sensors
     kind: filedrop
     path: drop/sensors
     record_type: reading
     id_field: id
-tables:
-  reading:
-    schema_version: 1
-    columns:
-      sensor: {type: string, required: true}
-      temp: real
-      taken: timestamp
-      meta: dynamic
 """
+REQUIRED_SENSOR = "{type: string, required: true}"
+
+
+def reading_config(version: int, columns: dict[str, str], *, connectors: str = SENSORS, migrations: str = "") -> str:
+    """idem.yaml of ``connectors`` writing the ``reading`` table at ``version`` with ``columns``
+    (name: its YAML type), and the ``migrations:`` modules, if any."""
+    lines = ["connectors:", connectors.rstrip("\n"), "tables:", "  reading:", f"    schema_version: {version}", "    columns:"]
+    lines += [f"      {name}: {kind}" for name, kind in columns.items()]
+    if migrations:
+        lines.append(f"migrations: [{migrations}]")
+    return "\n".join(lines) + "\n"
+
+
+# The sensors feed at v1, before any bump: the config test_migrations and test_migrate start from.
+V1_CONFIG = reading_config(1, {"sensor": REQUIRED_SENSOR, "temp": "real", "taken": "timestamp", "meta": "dynamic"})

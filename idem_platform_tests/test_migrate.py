@@ -52,22 +52,13 @@ from idem_platform_tests.conftest import (
 
 V1 = migrations_fixture.V1_CONFIG  # the sensors feed before any bump
 
-V3 = """
-connectors:
-  - name: sensors
-    kind: filedrop
-    path: drop/sensors
-    record_type: reading
-    id_field: id
-tables:
-  reading:
-    schema_version: 3
-    columns:
-      sensor: {{type: string, required: true}}
-      taken: timestamp
-      labels: dynamic
-migrations: [{modules}]
-"""
+V3_COLUMNS = {"sensor": migrations_fixture.REQUIRED_SENSOR, "taken": "timestamp", "labels": "dynamic"}
+
+
+def v3_config(modules: str, version: int = 3) -> str:
+    """The sensors feed at ``version`` (3, or 4 after the next bump), migrations from ``modules``."""
+    return migrations_fixture.reading_config(version, V3_COLUMNS, migrations=modules)
+
 
 # v3 -> v4 (for the bump after a migrate): temperature becomes temperature_k, in kelvin.
 STEP_V4 = '''
@@ -125,7 +116,7 @@ def build(url: str, spark: Any, root: Path, *, v1_rows: int = 12, broken: bool =
     assert ingest(url, v1, spark, "v1.ndjson", first)["rows_written"] == len(first)
     module = f"reading_migrations_{uuid.uuid4().hex[:10]}"
     shutil.copy(migrations_fixture.__file__, root / f"{module}.py")
-    v3 = write_config(root, V3.format(modules=module))
+    v3 = write_config(root, v3_config(module))
     later = (
         [{"schema_version": 1, "id": f"b{i}", "sensor": f"t{i}", "temp": 50 + i, "meta": ["m", i]} for i in range(4)]
         + [{"schema_version": 2, "id": f"c{i}", "sensor": f"u{i}", "temperature": 60 + i, "labels": {"c": i}} for i in range(4)]
@@ -279,7 +270,7 @@ def test_after_the_next_bump_migrated_rows_upgrade_from_their_payload(
     migrate(spark, pg_url, table.v3, batch_rows=50)
     module = f"reading_v4_{uuid.uuid4().hex[:10]}"
     (table.root / f"{module}.py").write_text(STEP_V4, encoding="utf-8")
-    text = V3.format(modules=f"{table.modules}, {module}").replace("schema_version: 3", "schema_version: 4")
+    text = v3_config(f"{table.modules}, {module}", version=4)
     v4 = write_config(table.root, text.replace("      labels: dynamic\n", "      labels: dynamic\n" + V4_COLUMNS))
     # a01 was stored at v1 (temp 41 °F) and moved to v3: its payload is still v1, so v4 comes
     # from the whole chain v1 -> v4 on the payload, not from v3 -> v4 on a v1 record.

@@ -45,29 +45,20 @@ FIXTURE_MODULE = migrations_fixture.__name__
 
 V1 = migrations_fixture.V1_CONFIG  # the sensors feed before any bump
 
-V3 = """
-connectors:
-  - name: sensors
-    kind: filedrop
-    path: drop/sensors
-    record_type: reading
-    id_field: id
-  - name: legacy                  # its producers still send v1 records, without saying so
+LEGACY = """  - name: legacy                  # its producers still send v1 records, without saying so
     kind: filedrop
     path: drop/legacy
     record_type: reading
     id_field: id
     schema_version: 1
-tables:
-  reading:
-    schema_version: 3
-    columns:
-      sensor: {{type: string, required: true}}
-      temperature: real
-      taken: timestamp
-      labels: dynamic
-migrations: [{module}]
 """
+V3_COLUMNS = {"sensor": migrations_fixture.REQUIRED_SENSOR, "temperature": "real", "taken": "timestamp", "labels": "dynamic"}
+
+
+def v3_config(module: str) -> str:
+    """The sensors feed and the legacy one at v3, migrations from ``module``."""
+    return migrations_fixture.reading_config(3, V3_COLUMNS, connectors=migrations_fixture.SENSORS + LEGACY, migrations=module)
+
 
 
 def migrations_beside(directory: Path) -> str:
@@ -272,7 +263,7 @@ def mixed(pg_url: str, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     first = ingest(pg_url, v1, spark, "sensors", "v1.ndjson", READINGS_V1)
     assert (first["rows_written"], first["rows_rejected"]) == (3, 0)
     module = migrations_beside(root)
-    v3 = write_config(root, V3.format(module=module))
+    v3 = write_config(root, v3_config(module))
     v3.chains()
     second = ingest(pg_url, v3, spark, "sensors", "v3.ndjson", READINGS_V3)
     assert (second["rows_written"], second["rows_rejected"]) == (4, 3)
