@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from idem_platform import pipeline
 from idem_platform.catalog import Column, ColumnType, TableSpec
@@ -422,3 +423,35 @@ def test_skipping_counts_nothing_when_every_migration_passes(env: Mixed, pg_url:
     assert read.skipped is None and read.count_skipped() == 0 and read.frame.count() == 8
     empty = read_table(spark, pg_url, write_config(tmp_path, V1.replace("reading", "gauge")), "gauge", skip_failed=True)
     assert empty.skipped == 0  # nothing older than the current version: known without a job
+
+
+def test_key_ranges_of_a_larger_table_come_out_even(mixed: Mixed, pg_url: str, tmp_path: Path) -> None:
+    """Bounds come from a page sample: enough pages that two ranges hold about half each,
+    for the whole table and for one commit of it (a filter the sample applies after)."""
+    from idem_platform.postgres.schema import ensure_schema
+    from idem_platform.postgres.tables import sync_tables
+
+    config = write_config(tmp_path, V1.replace("reading", "gauge"))
+    big, small = str(uuid.uuid4()), str(uuid.uuid4())
+    with connect(pg_url, autocommit=True) as conn:
+        ensure_schema(conn)
+        sync_tables(conn, config.table_specs)
+        conn.execute(
+            "INSERT INTO idem.gauge (_idempotency_key, _connector, _record_type, _external_id, _content_hash, "
+            "_schema_version, _commit_id, _ingested_at, _source, _payload, sensor) "
+            "SELECT 'sensors:gauge:g' || lpad(i::text, 6, '0') || ':' || substr(md5(i::text), 1, 12), 'sensors', "
+            "'gauge', 'g' || i, md5(i::text), 1, CASE WHEN i <= 50000 THEN %s ELSE %s END::uuid, now(), 'f#L' || i, "
+            "jsonb_build_object('id', 'g' || i, 'sensor', 's'), 's' FROM generate_series(1, 60000) i",
+            [big, small],
+        )
+        conn.execute("ANALYZE idem.gauge")
+        for commit, total in ((None, 60_000), (big, 50_000)):
+            plan, counts = plan_read(pg_url, config, "gauge", commit_id=commit, parallelism=2)
+            sizes = [
+                conn.execute(
+                    sql.SQL("SELECT count(*) FROM idem.gauge{}").format(plan.where(index))
+                ).fetchone()[0]  # type: ignore[index]
+                for index in plan.indexes()
+            ]
+            assert plan.partitions == 2 and sum(counts.values()) == total and sum(sizes) == total
+            assert max(sizes) < 0.6 * total, sizes  # ~10 sampled pages made ranges off by 20 %

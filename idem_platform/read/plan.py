@@ -28,6 +28,7 @@ from idem_platform.config import IdemConfig
 from idem_platform.errors import ConfigError
 from idem_platform.migrations import MigrationSource
 from idem_platform.postgres.connection import connect
+from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import effective_spec, existing_columns, table_ident
 
 # How a frame column is read from the table's CSV and what Arrow type it has in the frame
@@ -56,6 +57,7 @@ MAX_PARTITIONS = 256
 # Rows a plan samples for its bounds. Pages are sampled whole (~20 rows each), so the bounds'
 # error follows the pages sampled (~1,000 here: ranges within a few percent), not the rows.
 SAMPLE_ROWS = 20_000
+MAX_SAMPLED_ROWS = 400_000  # of the whole table, when a filter (a commit) reads a small part of it
 
 
 @dataclass(frozen=True)
@@ -326,8 +328,15 @@ def _bounds(conn: object, plan: ReadPlan, rows: int, parallelism: int) -> tuple[
     count = partition_count(rows, parallelism, ORDERED_ROWS_PER_PARTITION if plan.ordered else ROWS_PER_PARTITION)
     if count <= 1:
         return ()
-    # Pages are sampled, then the read's own filter (a commit) applies: aim at the rows read.
-    percent = min(100.0, 100.0 * max(SAMPLE_ROWS, 20 * count) / max(rows, 1))
+    # Pages are sampled, then the read's own filter (a commit) applies: aim at the rows read,
+    # but never sample more than MAX_SAMPLED_ROWS of the whole table (one commit of a big one).
+    stored = conn.execute(  # type: ignore[attr-defined]
+        "SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s",
+        [SCHEMA, plan.record_type],
+    ).fetchone()
+    table_rows = max(int(stored[0]) if stored else 0, rows, 1)
+    percent = min(100.0, 100.0 * max(SAMPLE_ROWS, 20 * count) / max(rows, 1), 100.0 * MAX_SAMPLED_ROWS / table_rows)
     columns = sql.SQL(", ").join(sql.Identifier(c) for c in plan.range_columns)
     sample = [
         tuple(v.isoformat() if hasattr(v, "isoformat") else v for v in row)
