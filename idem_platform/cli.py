@@ -551,8 +551,8 @@ def cmd_migrate(args: argparse.Namespace) -> dict[str, Any] | None:
 
         check_cluster_reach(config.spark_master(), url)
 
-        def spark() -> Any:  # started only when some table has rows to move
-            return build_session(spark_config_for(config.spark_master(), dict(config.spark.conf)))
+        def spark() -> Any:  # started only when some table has rows to move; a bulk job: the full JIT
+            return build_session(spark_config_for(config.spark_master(), dict(config.spark.conf)), long_lived=True)
 
         progress = (lambda line: sys.stderr.write(line + "\n")) if terminal else None
         report = migrate(

@@ -18,6 +18,7 @@ import pytest
 
 from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
+from idem_platform.spark.session import DRIVER_JIT_OPTION, driver_java_options
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform_tests.conftest import cli_env, idem_command
 
@@ -57,6 +58,18 @@ def test_status_reports_the_running_server(server: dict[str, object]) -> None:
     report = json.loads(status.stdout.strip().splitlines()[-1])
     assert report["running"] is True and report["url"] == server["url"]
     assert str(server["url"]).startswith("sc://127.0.0.1:") and ";session_id=" in str(server["url"])
+    # A long-lived server keeps the full JIT (C2): its JVM turns every row of the runs' Arrow
+    # batches into Spark rows; a run's own short-lived session starts with C1 only.
+    command_line = Path(f"/proc/{server['pid']}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    assert "SparkConnectServer" in command_line and DRIVER_JIT_OPTION not in command_line
+
+
+def test_the_jit_default_is_c1_for_runs_and_full_for_long_lived_sessions() -> None:
+    assert DRIVER_JIT_OPTION in (driver_java_options(None) or "")
+    assert DRIVER_JIT_OPTION not in (driver_java_options(None, long_lived=True) or "")
+    assert DRIVER_JIT_OPTION in (driver_java_options("-Dx=1") or "") and "-Dx=1" in (driver_java_options("-Dx=1") or "")
+    chosen = "-XX:+TieredCompilation"  # the user's choice wins either way
+    assert DRIVER_JIT_OPTION not in (driver_java_options(chosen) or chosen)
 
 
 def test_runs_on_the_server_commit_exactly_once(server: dict[str, object], pg_url: str, tmp_path: Path, threatfeed: IdemConfig) -> None:

@@ -43,6 +43,18 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "timestamp": pa.timestamp("us", tz="UTC"),
     "vector": pa.list_(pa.float32()),
 }
+# What each kind is sent as: the binary COPY behind the read then has one fixed Arrow
+# type per column whatever the stored one (``jsonb`` as its text, an evolved column cast).
+POSTGRES_TYPES: dict[str, str] = {
+    "text": "text",
+    "json": "text",
+    "bool": "boolean",
+    "int": "integer",
+    "long": "bigint",
+    "real": "double precision",
+    "timestamp": "timestamptz",
+    "vector": "real[]",
+}
 _SYSTEM_KINDS = {"_schema_version": "int", "_ingested_at": "timestamp", "_payload": "json"}
 _CATALOG_KINDS = {"string": "text", "dynamic": "json"}  # others keep their catalog name
 ORDER = ("_ingested_at", "_idempotency_key")  # what `idem read` and a --limit read in
@@ -189,24 +201,24 @@ class ReadPlan:
         ).format(current=sql.Literal(self.current_version), payload=sql.Identifier(PAYLOAD_VERSION))
 
     def _select(self, column: ReadColumn) -> sql.Composable:
-        """What the read selects for ``column``. An old row's typed columns, companions and
-        ``props`` are rebuilt from its ``_payload`` by the upgrade, so they are not sent."""
+        """What the read selects for ``column``, cast to its kind's type. An old row's typed
+        columns, companions and ``props`` are rebuilt from its ``_payload`` by the upgrade,
+        so they are not sent."""
+        cast = sql.SQL(POSTGRES_TYPES[column.kind])
         if not column.present:
-            return sql.SQL("NULL")
+            return sql.SQL("NULL::{}").format(cast)
         if column.name == "_schema_version" and self.payload_version:
-            return self._version_expression()
+            return sql.SQL("({})::{}").format(self._version_expression(), cast)
         if column.role in _REBUILT_ROLES:
-            return sql.SQL("CASE WHEN _schema_version = {} THEN {} END").format(
-                sql.Literal(self.current_version), sql.Identifier(column.name)
+            return sql.SQL("(CASE WHEN _schema_version = {} THEN {} END)::{}").format(
+                sql.Literal(self.current_version), sql.Identifier(column.name), cast
             )
-        return sql.Identifier(column.name)
+        return sql.SQL("{}::{}").format(sql.Identifier(column.name), cast)
 
     def query(self, index: int) -> sql.Composed:
-        """``COPY (SELECT …) TO STDOUT (FORMAT csv)`` of partition ``index``."""
+        """``SELECT …`` of partition ``index``: every frame column, cast to its kind's type."""
         select = sql.SQL(", ").join(self._select(c) for c in self.columns)
-        return sql.SQL("COPY (SELECT {} FROM {}{}{}) TO STDOUT (FORMAT csv)").format(
-            select, table_ident(self.record_type), self.where(index), self.tail()
-        )
+        return sql.SQL("SELECT {} FROM {}{}{}").format(select, table_ident(self.record_type), self.where(index), self.tail())
 
 
 def frame_columns(spec: TableSpec, existing: dict[str, str]) -> tuple[ReadColumn, ...]:

@@ -130,7 +130,7 @@ def start(
     settings.setdefault("spark.sql.artifact.isolation.enabled", "false")  # no per-session worker environments
     settings["spark.connect.grpc.binding.port"] = str(port)
     settings.setdefault("spark.ui.enabled", "false")
-    options = driver_java_options(settings.get("spark.driver.extraJavaOptions"))
+    options = driver_java_options(settings.get("spark.driver.extraJavaOptions"), long_lived=True)
     if options:
         settings["spark.driver.extraJavaOptions"] = options
     home = spark_home()

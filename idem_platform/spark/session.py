@@ -37,21 +37,25 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
-# The driver JVM only schedules tiny jobs here (executors' Python does the work), so
-# C2's optimising compiler would cost ~5 CPU-seconds at start for nothing: C1 only
-# starts the session ~1.5 s sooner. Any user-set TieredStopAtLevel/TieredCompilation wins.
+# A run's driver JVM mostly schedules (executors' Python does the work), so C2's
+# optimising compiler would cost ~6 CPU-seconds at start for little: C1 only starts
+# the session ~2.5 s sooner. A long-lived or bulk session (the Spark Connect server,
+# `idem migrate`) keeps the full JIT instead: there the JVM turns every row of the
+# Arrow batches into Spark rows, and C2 halves that (a 1M-row read: 8.1 -> 3.8 JVM
+# CPU-seconds). Any user-set TieredStopAtLevel/TieredCompilation wins.
 DRIVER_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 
 
-def driver_java_options(existing: str | None) -> str | None:
-    """``spark.driver.extraJavaOptions`` with idem's JIT default and the CDS archive added.
+def driver_java_options(existing: str | None, *, long_lived: bool = False) -> str | None:
+    """``spark.driver.extraJavaOptions`` with idem's JIT default (C1 only, unless
+    ``long_lived``) and the CDS archive added.
 
     Returns ``None`` when nothing needs to change.
     """
     from idem_platform.spark.cds import java_options
 
     options = existing
-    if not options or "Tiered" not in options:
+    if not long_lived and (not options or "Tiered" not in options):
         options = " ".join(part for part in (options, DRIVER_JIT_OPTION) if part)
     with_archive = java_options(options)
     options = with_archive or options
@@ -120,8 +124,11 @@ def register_sources(spark: SparkSession) -> SparkSession:
     return spark
 
 
-def build_session(conf: Mapping[str, str] | None = None) -> SparkSession:
+def build_session(conf: Mapping[str, str] | None = None, *, long_lived: bool = False) -> SparkSession:
     """The process's SparkSession with idem's defaults under ``conf``.
+
+    ``long_lived``: a session that moves many rows through its JVM (``idem migrate``,
+    a benchmark's reads) starts with the full JIT (:data:`DRIVER_JIT_OPTION`).
 
     ``getOrCreate`` semantics: a session that already exists in this process is
     reused (its static settings cannot change), which is what tests and
@@ -136,7 +143,7 @@ def build_session(conf: Mapping[str, str] | None = None) -> SparkSession:
         return builder.getOrCreate()
     settings = {**DEFAULT_CONF, **(conf or {})}
     if SparkSession.getActiveSession() is None:
-        options = driver_java_options(settings.get("spark.driver.extraJavaOptions"))
+        options = driver_java_options(settings.get("spark.driver.extraJavaOptions"), long_lived=long_lived)
         if options:
             settings["spark.driver.extraJavaOptions"] = options
     builder = SparkSession.builder
