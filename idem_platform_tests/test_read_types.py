@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
-from datetime import timezone
-from pathlib import Path
+from datetime import UTC
 from typing import Any
 
 import psycopg
@@ -56,7 +55,7 @@ def _same(stored: Any, read: Any, kind: str) -> bool:
     if kind == "vector":
         return len(read) == len(stored) and all(math.isclose(a, b, rel_tol=1e-7) for a, b in zip(read, stored, strict=True))
     if kind == "timestamp":  # Spark hands back naive datetimes in the session's time zone, UTC
-        return bool(stored == (read if read.tzinfo else read.replace(tzinfo=timezone.utc)))
+        return bool(stored == (read if read.tzinfo else read.replace(tzinfo=UTC)))
     if kind == "text" and not isinstance(stored, str):
         return str(stored) == read  # the commit id: a uuid, read as its text
     return bool(stored == read)

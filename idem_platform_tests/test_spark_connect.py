@@ -18,8 +18,8 @@ import pytest
 
 from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
-from idem_platform.spark.session import DRIVER_JIT_OPTION, driver_java_options
 from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform.spark.session import DRIVER_JIT_OPTION, driver_java_options
 from idem_platform_tests.conftest import cli_env, idem_command
 
 pytestmark = pytest.mark.slow
