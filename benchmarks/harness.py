@@ -96,6 +96,11 @@ def fresh_database(server_url: str, name: str) -> str:
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return _database_url(server_url, name)
+
+
+def _database_url(server_url: str, name: str) -> str:
+    """``server_url`` with its database replaced by ``name``."""
     info = psycopg.conninfo.conninfo_to_dict(server_url)
     if "?" in server_url or "host=" in server_url and not server_url.startswith("postgresql://"):
         info["dbname"] = name
@@ -176,10 +181,29 @@ def run_ingest(
     return Phase(name, records, wall, summary, driver, jvm)
 
 
+DAGSTER_DATABASE = "idem_bench_dagster"
+
+
 def environment(url: str, home: Path, master: str) -> dict[str, str]:
+    """The child's environment: idem's tables in ``url``, Dagster's instance as the product has it.
+
+    The instance is idem's own ``dagster.yaml`` (storage on PostgreSQL, as ``idem ingest``
+    and ``idem dev`` set it up), in a database of the same server that outlives the
+    rounds (:data:`DAGSTER_DATABASE`), as a deployment's instance does: a fresh database
+    per round would time Dagster creating its schema in every first ingest. Before
+    2026-11-23 the benchmarks left ``dagster.yaml`` out, so Dagster fell back to SQLite
+    files under ``home``.
+    """
     env = {**os.environ, "IDEM_POSTGRES_URL": url, "IDEM_SPARK_MASTER": master, "DAGSTER_HOME": str(home)}
     env.pop("IDEM_FAULT", None)
     home.mkdir(parents=True, exist_ok=True)
+    instance_url = _database_url(url, DAGSTER_DATABASE)
+    with psycopg.connect(url, autocommit=True) as admin:
+        if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DAGSTER_DATABASE]).fetchone() is None:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DAGSTER_DATABASE)))
+    template = (REPO / "idem_platform" / "dagster.yaml").read_text(encoding="utf-8")
+    (home / "dagster.yaml").write_text(template.replace("env: IDEM_POSTGRES_URL", "env: IDEM_BENCH_DAGSTER_URL"), encoding="utf-8")
+    env["IDEM_BENCH_DAGSTER_URL"] = instance_url
     return env
 
 

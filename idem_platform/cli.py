@@ -183,6 +183,7 @@ def _run_job(
     from idem_platform.defs.connector.assets import asset_keys, job_name
     from idem_platform.defs.definitions import build_definitions
     from idem_platform.defs.filedrop.partitions import partitions_for
+    from idem_platform.defs.resources import pool_storage_connections
     from idem_platform.defs.terminal import terminal_logger
 
     # The person at the terminal may ingest any file of their own; the code location's
@@ -192,6 +193,7 @@ def _run_job(
     job = defs.resolve_job_def(job_name(connector)).with_logger_defs({"console": terminal_logger})
     ingest_key, _, committed_key = asset_keys(connector)
     instance = dg.DagsterInstance.get()
+    pool_storage_connections(instance)  # before the run's first event
     if partition is not None:
         partitions = partitions_for(connector)
         if not instance.has_dynamic_partition(partitions.name or "", partition):

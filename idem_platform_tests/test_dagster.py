@@ -16,6 +16,7 @@ import pytest
 from idem_platform.config import IdemConfig
 from idem_platform.defs.definitions import build_definitions
 from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
+from idem_platform.defs.resources import pool_storage_connections
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform_tests.conftest import (
@@ -207,11 +208,24 @@ def test_runs_are_stored_in_postgres_through_dagster_yaml(
         connector = threatfeed.connector("threatfeed")
         assert connector.path is not None
         path = write_lines(connector.path / "d3.ndjson", GOOD[:1])
+        pool_storage_connections(instance)  # as `idem ingest` does before its run
+        opened = sessions_opened(pg_url)
         result = run_partition(threatfeed, pg_url, instance, path)
+        opened = sessions_opened(pg_url) - opened
         assert result.success
     with connect(pg_url) as conn:
         stored = conn.execute("SELECT status FROM runs WHERE run_id = %s", [result.run_id]).fetchone()
+        events = conn.execute("SELECT count(*) FROM event_logs WHERE run_id = %s", [result.run_id]).fetchone()[0]
     assert stored == ("SUCCESS",)
+    # Dagster's storage keeps its connection for the run: without pool_storage_connections,
+    # dagster-postgres opened a session per stored event (57 sessions for 52 events here).
+    assert events > 40 and opened < events // 2, (opened, events)
+
+
+def sessions_opened(url: str) -> int:
+    """Sessions PostgreSQL has counted for the database so far (closed ones are counted for sure)."""
+    with connect(url) as conn:
+        return int(conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()[0])
 
 
 @pytest.mark.slow

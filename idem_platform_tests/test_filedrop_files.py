@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from idem_platform.connectors.filedrop import files as files_module
-from idem_platform.connectors.filedrop.files import hash_file
+from idem_platform.connectors.filedrop.files import DroppedFile, Split, hash_file
+from idem_platform.connectors.filedrop.plan import MIN_SLICE_BYTES, FileSlice, pack_slices
 from idem_platform.connectors.filedrop.reader import read_split
 from idem_platform.errors import FileChangedError
 
@@ -110,3 +111,41 @@ def test_a_fifo_put_in_a_files_place_is_refused_without_blocking(tmp_path: Path)
     regular.write_bytes(b'{"id":1}\n')
     with files_module.open_regular(regular) as handle:
         assert handle.read() == b'{"id":1}\n'
+
+
+def _dropped(name: str, size: int, piece: int = 2 << 20) -> DroppedFile:
+    """A hashed file as the planner sees it: ``size`` bytes in pieces of ``piece`` bytes."""
+    starts = list(range(0, size, piece))
+    splits = tuple(Split(start, min(start + piece, size), 1 + i, 0) for i, start in enumerate(starts))
+    return DroppedFile(path=name, sha256=name * 4, size=size, mtime_ns=0, lines=len(splits), splits=splits)
+
+
+def _pieces(slices: list[FileSlice]) -> list[tuple[str, int]]:
+    return [(file.path, split.start) for piece in slices for file, split in piece.parts]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [
+        # One small file (a 1,000-line drop): one task.
+        ([400_000], 1),
+        # A 15 MB batch (the STIX-like case): two tasks, not eight; each task pays its own
+        # job, connection and staging table per record type (~0.3 s here) whatever it reads.
+        ([15 << 20], 2),
+        # A thousand 400 kB files (a burst the sensor batches): the tasks of one 400 MB
+        # file, dozens of files each, not a thousand tasks.
+        ([400_000] * 1000, 14),
+        # Ten 38.7 MB files, the shared benchmark's batch: what one 387 MB file makes
+        # (six of 48 MB, then the last two slices' worth in quarters).
+        ([38_700_000] * 10, 13),
+        ([387_000_000], 13),
+    ],
+)
+def test_slices_are_planned_over_the_batch_bytes(sizes: list[int], expected: int) -> None:
+    files = [_dropped(f"f{i:04d}", size) for i, size in enumerate(sizes)]
+    slices = pack_slices(files)
+    assert len(slices) == expected
+    # Every piece of every file exactly once, in file order: each line is read once.
+    assert _pieces(slices) == [(f.path, s.start) for f in files for s in f.splits]
+    if sum(sizes) >= 2 * MIN_SLICE_BYTES:
+        assert min(piece.size for piece in slices) >= MIN_SLICE_BYTES // 2
