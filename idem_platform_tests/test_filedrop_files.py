@@ -129,9 +129,11 @@ def _pieces(slices: list[FileSlice]) -> list[tuple[str, int]]:
     [
         # One small file (a 1,000-line drop): one task.
         ([400_000], 1),
-        # A 15 MB batch (the STIX-like case): two tasks, not eight; each task pays its own
+        # A 15 MB batch (the STIX-like case): four tasks, not eight; each task pays its own
         # job, connection and staging table per record type (~0.3 s here) whatever it reads.
-        ([15 << 20], 2),
+        ([15 << 20], 4),
+        # 10 MB (the cluster test's file): still more than one task.
+        ([10 << 20], 3),
         # A thousand 400 kB files (a burst the sensor batches): the tasks of one 400 MB
         # file, dozens of files each, not a thousand tasks.
         ([400_000] * 1000, 14),

@@ -28,7 +28,7 @@ from idem_platform.ledger import LedgerEntry
 SAMPLE_BLOCK_BYTES = 1 << 20  # a bounded sample reads small blocks from the start
 TARGET_SLICES = 8  # slices of a batch big enough for them (more, smaller ones at the tail)
 TAIL_SLICES = 2  # the last wave on two task slots, cut into quarters
-MIN_SLICE_BYTES = 8 << 20  # below this a slice shares its task with the next pieces (a slice costs ~0.3 s of its own)
+MIN_SLICE_BYTES = 4 << 20  # below this a slice shares its task with the next pieces (a slice costs ~0.3 s of its own)
 
 
 @dataclass(frozen=True)
