@@ -218,8 +218,9 @@ def test_runs_are_stored_in_postgres_through_dagster_yaml(
         events = conn.execute("SELECT count(*) FROM event_logs WHERE run_id = %s", [result.run_id]).fetchone()[0]
     assert stored == ("SUCCESS",)
     # Dagster's storage keeps its connection for the run: without pool_storage_connections,
-    # dagster-postgres opened a session per stored event (57 sessions for 52 events here).
-    assert events > 40 and opened < events // 2, (opened, events)
+    # dagster-postgres opened a session per stored event (57 sessions for 52 events here);
+    # pooled, the run's sessions are idem's own and a few of Dagster's (20).
+    assert events > 40 and opened < events * 2 // 3, (opened, events)
 
 
 def sessions_opened(url: str) -> int:
