@@ -262,6 +262,30 @@ def test_every_record_of_a_mixed_batch_is_counted(pg_url: str, feeds: IdemConfig
     assert summary_metadata(mixed)["replay_skipped"].value == 41
 
 
+def test_a_replayed_file_counts_its_batch_s_totals_only_when_the_whole_batch_is_replayed(
+    pg_url: str, feeds: IdemConfig, spark: Any
+) -> None:
+    """A ledger row keeps only its own file and how many keys its commit had: enough to tell
+    a replay of the whole earlier batch (its exact counts) from a replay of part of it (each
+    file's planned records)."""
+    a = write_lines(drop_path(feeds, "feed-a", "pa.ndjson"), records("pa", 7) + ["not json"])
+    b = write_lines(drop_path(feeds, "feed-a", "pb.ndjson"), records("pb", 5) + [""])
+    together = ingest(pg_url, feeds, spark, "feed-a", a, b)
+    assert (together["rows_written"], together["rows_rejected"]) == (12, 1)
+    with connect(pg_url) as conn:
+        result = conn.execute(
+            "SELECT result FROM idem.ingest_ledger WHERE namespace = 'feed-a' AND key = %s",
+            [together["files"][0]["key"]],
+        ).fetchone()[0]
+    assert len(result["files"]) == 1 and result["commit_keys"] == 2
+    c = write_lines(drop_path(feeds, "feed-a", "pc.ndjson"), records("pc", 3))
+    part = ingest(pg_url, feeds, spark, "feed-a", a, c)
+    assert part["rows_written"] == 3 and part["replay_skipped"] == 8  # a's 8 planned lines, not the batch's 13
+    d = write_lines(drop_path(feeds, "feed-a", "pd.ndjson"), records("pd", 2))
+    whole = ingest(pg_url, feeds, spark, "feed-a", a, b, d)
+    assert whole["rows_written"] == 2 and whole["replay_skipped"] == 13  # the batch's own counts, blank line excluded
+
+
 def test_every_connection_has_tcp_keepalives(pg_url: str) -> None:
     with connect(pg_url) as conn:
         options = {o.keyword.decode(): (o.val or b"").decode() for o in conn.pgconn.info}

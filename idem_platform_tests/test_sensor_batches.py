@@ -133,6 +133,20 @@ def test_settled_files_are_one_range_run_whose_commit_keeps_a_ledger_row_and_a_p
     assert len({owner for _, owner, _ in rows.values()}) == 1  # one commit claimed them all
     with connect(pg_url) as conn:
         assert conn.execute("SELECT count(*) FROM idem.commits WHERE NOT replay").fetchone() == (1,)
+        # Each ledger row keeps its own file (not the batch's list) and the commit's size.
+        results = dict(conn.execute("SELECT key, result FROM idem.ingest_ledger WHERE namespace = 'threatfeed'").fetchall())
+    for path in paths:
+        own = results[hash_file(path).key]
+        assert [f["file"] for f in own["files"]] == [str(path)] and own["commit_keys"] == 5
+        assert own["rows_written"] == 15
+    # Each partition's materialization carries its own file's entry and the batch's size.
+    for path in paths:
+        (record,) = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=COMMITTED, asset_partitions=[path.name]), limit=1
+        ).records
+        metadata = record.asset_materialization.metadata  # type: ignore[union-attr]
+        assert [f["file"] for f in metadata["files"].value] == [str(path)]
+        assert metadata["batch_files"].value == 5 and metadata["rows_written"].value == 15
     after = ticker.tick()
     assert after.run_requests == [] and "5 committed" in skip_message(after)
 

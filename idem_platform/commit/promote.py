@@ -614,8 +614,9 @@ class Promotion:
         _log(self.conn, plan.commit_id, rows_written, idempotent_skips, rows_rejected, replay=plan.replay,
              replay_skipped=plan.replayed_records)
         ledger = Ledger(self.conn, plan.connector, replay_window=timedelta(seconds=plan.replay_window_seconds))
-        for key in plan.ledger_keys():
-            ledger.commit(key, result, owner=plan.owner)
+        keys = plan.ledger_keys()
+        for key in keys:
+            ledger.commit(key, ledger_result(result, key, len(keys)), owner=plan.owner)
         # The accepted attempts' tables are finished (their writers closed before
         # reporting), so dropping them here cannot wait on anyone.
         drop_tables(self.conn, _promoted_tables(plan, chosen))
@@ -731,6 +732,19 @@ def sources_of(sources: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     when other sources took part, all of them under ``sources``."""
     files = [source for source in sources if "file" in source]
     return {"files": files} if len(files) == len(sources) else {"files": files, "sources": sources}
+
+
+def ledger_result(result: dict[str, Any], key: str, commit_keys: int) -> dict[str, Any]:
+    """What one ledger row keeps of its commit's result: the counts and tables of the
+    commit, but of its sources only this key's own, plus how many keys the commit had.
+
+    A batch of N files writes N ledger rows in its promoting transaction; with every
+    source in each, that was N² entries (500 files: 250,000, ~40 MB of jsonb). The whole
+    list stays once in ``idem.commits.sources``; ``commit_keys`` is enough to tell
+    whether a replay covers all of a prior commit (:func:`~idem_platform.commit.run.replayed_records`).
+    """
+    own = {name: [s for s in entries if s.get("key") == key] for name in ("files", "sources") if (entries := result.get(name)) is not None}
+    return {**result, **own, "commit_keys": commit_keys}
 
 
 def _record_commit(

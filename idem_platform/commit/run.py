@@ -272,8 +272,13 @@ def replayed_records(batch: SourceBatch) -> int:
     total = 0
     for units in by_commit.values():
         prior = batch.priors.get(units[0].key) or {}
-        covered = {s.get("key") for s in (prior.get("sources") or prior.get("files") or [])}
-        if covered and covered <= {u.key for u in units}:
+        keys = {u.key for u in units}
+        if "commit_keys" in prior:  # the ledger keeps its own sources and how many keys the commit had
+            exact = len(keys) >= int(prior["commit_keys"])
+        else:  # a row written before that: the commit's whole list of sources
+            covered = {s.get("key") for s in (prior.get("sources") or prior.get("files") or [])}
+            exact = bool(covered) and covered <= keys
+        if exact:
             total += sum(int(prior.get(k, 0)) for k in ("rows_written", "rows_skipped", "rows_rejected"))
         else:
             total += sum(u.records for u in {u.key: u for u in units}.values())

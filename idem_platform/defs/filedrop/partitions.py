@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
@@ -60,3 +62,22 @@ def path_for_partition(connector: ConnectorConfig, partition_key: str) -> Path:
             "asset's config reads only files inside the drop directory)"
         )
     return connector.path / candidate
+
+
+def files_by_partition(
+    connector: ConnectorConfig, files: list[dict[str, Any]], partitions: Sequence[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """A batch commit's ``files`` entries grouped by the partition each file is (only
+    ``partitions``, the run's; a connector without a drop directory has none)."""
+    if connector.path is None:
+        return {}
+    wanted = set(partitions)
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for entry in files:
+        path = entry.get("file")
+        if path is None:
+            continue
+        partition = partition_key_for(connector, path)
+        if partition in wanted:
+            grouped.setdefault(partition, []).append(entry)
+    return grouped
