@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/threatfeed/idem.yaml
 
-.PHONY: install demo test test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate kafka-broker lint stop-postgres clean
+.PHONY: install demo test test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate kafka-broker lint stop stop-spark stop-postgres clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,5 +83,12 @@ lint: install
 stop-postgres:
 	@if [ -x $(PY) ]; then $(PY) -c "from idem_platform.postgres.embedded import stop_embedded; print('embedded PostgreSQL stopped' if stop_embedded() else 'embedded PostgreSQL not running')"; fi
 
-clean: stop-postgres
+## stop-spark: stop the Spark Connect server under .idem/spark (idem ingest and the demo start it and leave it running)
+stop-spark:
+	@if [ -x $(VENV)/bin/idem ]; then $(VENV)/bin/idem spark stop; fi
+
+## stop: stop both servers the demo leaves running
+stop: stop-spark stop-postgres
+
+clean: stop
 	rm -rf .idem examples/*/drop benchmarks/data

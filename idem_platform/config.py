@@ -43,6 +43,7 @@ from idem_platform.redact import remember_settings
 
 CONFIG_ENV = "IDEM_CONFIG"
 SPARK_MASTER_ENV = "IDEM_SPARK_MASTER"
+SPARK_SERVER_ENV = "IDEM_SPARK_SERVER"  # auto | off: overrides spark.server
 SPARK_REMOTE_ENV = "IDEM_SPARK_REMOTE"  # sc://host:port of a Spark Connect server (idem spark start)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = NAME_PATTERN.pattern
@@ -323,6 +324,16 @@ class SparkConfig(_Model):
 
     master: str | None = None
     conf: dict[str, str] = Field(default_factory=dict)
+    server: Literal["auto", "off"] = Field(
+        "auto",
+        description=(
+            "`idem ingest` (and `idem demo`): `auto` runs on a long-lived Spark Connect server under "
+            "<idem home>/spark with this master, starting it on first use (like the embedded PostgreSQL; "
+            "`idem spark stop` stops it), so later runs skip the JVM start; `off` starts Spark in each "
+            "run's own process. IDEM_SPARK_SERVER overrides; a named server (spark.conf's spark.remote, "
+            "IDEM_SPARK_REMOTE) is always used."
+        ),
+    )
 
     @field_validator("conf", mode="before")
     @classmethod
@@ -547,6 +558,17 @@ class IdemConfig(_Model):
     def spark_master(self) -> str:
         """``IDEM_SPARK_MASTER``, else ``spark.master``, else ``local[*]``."""
         return os.environ.get(SPARK_MASTER_ENV) or self.spark.master or "local[*]"
+
+    def spark_server(self) -> str:
+        """``IDEM_SPARK_SERVER`` (``auto``/``off``), else ``spark.server``.
+
+        Raises:
+            ConfigError: the variable holds anything else.
+        """
+        value = os.environ.get(SPARK_SERVER_ENV, "").strip().lower() or self.spark.server
+        if value not in ("auto", "off"):
+            raise ConfigError(f"{SPARK_SERVER_ENV}={value!r}: expected 'auto' or 'off'")
+        return value
 
 
 def _str(path: Path | None) -> str | None:

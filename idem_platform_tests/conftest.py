@@ -28,6 +28,11 @@ import yaml
 from psycopg import sql
 
 from idem_platform.config import IdemConfig, parse_config
+
+# Runs in tests start Spark in their own process (or use the session fixture's): no
+# long-lived Spark Connect server is left behind by a test's `idem ingest`. The tests of
+# spark.server: auto set it back for their own child processes.
+os.environ["IDEM_SPARK_SERVER"] = "off"
 from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.tables import sync_tables
 

@@ -9,8 +9,11 @@ whole process, which the rest of this test session must not be.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,3 +95,63 @@ def test_runs_on_the_server_commit_exactly_once(server: dict[str, object], pg_ur
     with connect(pg_url) as conn:
         ledger = conn.execute("SELECT count(*) FROM idem.ingest_ledger WHERE status = 'committed'").fetchone()
     assert ledger is not None and ledger[0] == 4  # one row per file key
+
+
+def _state(directory: Path) -> dict[str, object]:
+    return json.loads((directory / "connect.json").read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ingest_starts_a_server_on_first_use_later_runs_reuse_it_and_a_stale_one_is_restarted_when_unused(
+    pg_url: str, tmp_path: Path, threatfeed: IdemConfig
+) -> None:
+    """``spark.server: auto`` (the default outside tests): the first ``idem ingest`` starts the
+    server under ``<idem home>/spark``; the next connects to it; a server started for other code
+    (its fingerprint differs) is restarted, unless another process is using it: then the run
+    starts Spark in its own process and leaves the server alone."""
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    home = tmp_path / "idem-home"
+    directory = home / "spark"
+    env = {**cli_env(pg_url, tmp_path, threatfeed), "IDEM_SPARK_SERVER": "auto", "IDEM_HOME": str(home)}
+    env.pop("IDEM_SPARK_REMOTE", None)
+    lines = list(threatfeed_lines(400, seed=31, duplicate_ratio=0.0))
+    paths = [write_lines(connector.path / f"auto-{i}.ndjson", lines[i::4]) for i in range(4)]
+    try:
+        first = _ingest(env, paths[0])
+        state = _state(directory)
+        assert state["auto"] is True and state["master"] == "local[2]" and _alive(int(state["pid"]))  # type: ignore[arg-type]
+        second = _ingest(env, paths[1])
+        assert _state(directory)["pid"] == state["pid"]  # reused, not restarted
+        # Started for other code: restarted by the next run.
+        (directory / "connect.json").write_text(json.dumps({**state, "fingerprint": "other-code"}))
+        third = _ingest(env, paths[2])
+        restarted = _state(directory)
+        assert restarted["pid"] != state["pid"] and not _alive(int(state["pid"]))  # type: ignore[arg-type]
+        assert restarted["fingerprint"] == state["fingerprint"]
+        # Stale again, but in use by another process (this one): left running; the run goes on without it.
+        (directory / "connect.json").write_text(json.dumps({**restarted, "fingerprint": "other-code"}))
+        with open(directory / "use.lock", "a") as use:
+            fcntl.flock(use, fcntl.LOCK_SH)
+            fourth = _ingest(env, paths[3])
+        assert _state(directory)["pid"] == restarted["pid"] and _alive(int(restarted["pid"]))  # type: ignore[arg-type]
+        written = [s["rows_written"] for s in (first, second, third, fourth)]
+        assert sum(written) == _rows(pg_url) == len(lines) and all(w > 0 for w in written)  # type: ignore[operator]
+        # Runs share the server's one session: it must outlive Spark Connect's 60-minute idle default.
+        probe = subprocess.run(
+            [sys.executable, "-c", "import sys; from pyspark.sql import SparkSession; "
+             "s = SparkSession.builder.remote(sys.argv[1]).getOrCreate(); "
+             "print(s.conf.get('spark.connect.session.manager.defaultSessionTimeout'))", str(restarted["url"])],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert probe.stdout.strip().splitlines()[-1] == "3650d", probe.stderr[-2000:]
+    finally:
+        subprocess.run(idem_command("spark", "stop", "--dir", str(directory)), capture_output=True, timeout=120)
+    assert not _alive(int(restarted["pid"]))  # type: ignore[arg-type]

@@ -25,6 +25,8 @@ session; each tags its jobs, so cancelling one run's jobs leaves the others'.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -42,6 +44,11 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 STATE_FILE = "connect.json"
 DEFAULT_DIR = Path(".idem") / "spark"
 START_TIMEOUT_SECONDS = 90.0
+# Runs share one server session (its id is in the URL). Spark Connect closes a session
+# idle for spark.connect.session.manager.defaultSessionTimeout (60 min) and then refuses
+# its id for good (INVALID_HANDLE.SESSION_CLOSED): a server left idle over lunch would
+# fail every later run. A long-lived server keeps its one session.
+SESSION_TIMEOUT = "3650d"
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,8 @@ class ServerState:
     master: str
     log: str
     started_at: float
+    fingerprint: str = ""  # what it was started with (master, settings, idem's code): see :func:`fingerprint`
+    auto: bool = False  # started by a run (spark.server: auto), not by `idem spark start`: runs may restart it
 
     @property
     def alive(self) -> bool:
@@ -109,6 +118,7 @@ def start(
     port: int | None = None,
     conf: dict[str, str] | None = None,
     timeout: float = START_TIMEOUT_SECONDS,
+    auto: bool = False,
 ) -> ServerState:
     """Start the server (or return the one already running there) and wait until it answers.
 
@@ -129,6 +139,7 @@ def start(
     settings["spark.connect.grpc.binding.address"] = "127.0.0.1"
     settings.setdefault("spark.sql.artifact.isolation.enabled", "false")  # no per-session worker environments
     settings["spark.connect.grpc.binding.port"] = str(port)
+    settings.setdefault("spark.connect.session.manager.defaultSessionTimeout", SESSION_TIMEOUT)
     settings.setdefault("spark.ui.enabled", "false")
     options = driver_java_options(settings.get("spark.driver.extraJavaOptions"), long_lived=True)
     if options:
@@ -151,7 +162,8 @@ def start(
             cwd=directory, start_new_session=True,  # outlives the command that started it
         )
     state = ServerState(
-        url=f"sc://127.0.0.1:{port}/;session_id={uuid.uuid4()}", pid=process.pid, port=port, master=master, log=str(log), started_at=time.time()
+        url=f"sc://127.0.0.1:{port}/;session_id={uuid.uuid4()}", pid=process.pid, port=port, master=master, log=str(log),
+        started_at=time.time(), fingerprint=fingerprint(master, conf or {}), auto=auto,
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -164,6 +176,70 @@ def start(
         time.sleep(0.25)
     process.kill()
     raise ConfigError(f"the Spark Connect server did not answer on port {port} within {timeout:.0f} s:\n{_tail(log)}")
+
+
+def fingerprint(master: str, conf: dict[str, str]) -> str:
+    """What a server must have been started with to serve a run: its master, its settings,
+    PySpark's version and idem's code (every module's size and mtime: the server's Python
+    workers imported the code as it was when they started)."""
+    import pyspark
+
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(json.dumps([master, sorted(conf.items()), pyspark.__version__]).encode())
+    for path in sorted(package.rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(package)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()[:16]
+
+
+_held: dict[Path, int] = {}  # directory -> the open use.lock this process holds shared
+
+
+def ensure(directory: Path = DEFAULT_DIR, *, master: str, conf: dict[str, str] | None = None) -> ServerState | None:
+    """The server of ``directory`` for a run of this process: the one running if it was
+    started with the same master, settings and code, else a new one (``spark.server: auto``).
+
+    While this process lives it holds ``use.lock`` shared, so a process that finds the
+    server stale (idem upgraded, another master) restarts it only when no one is using
+    it; otherwise it returns ``None`` and its run starts Spark in its own process.
+    Starts are serialised by ``start.lock``.
+
+    Raises:
+        ConfigError: the server did not start (its log's end is in the message).
+    """
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    wanted = fingerprint(master, conf or {})
+    with open(directory / "start.lock", "a") as start_lock:
+        fcntl.flock(start_lock, fcntl.LOCK_EX)
+        state = running(directory)
+        if state is not None and state.fingerprint == wanted:
+            _hold(directory)
+            return state
+        if state is not None:
+            if directory in _held or not state.auto:
+                return None  # this process uses it already, or a person started it: leave it be
+            use = os.open(directory / "use.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(use)
+                return None  # stale, but other runs are on it
+            stop(directory)
+            state = start(directory, master=master, conf=conf, auto=True)
+            fcntl.flock(use, fcntl.LOCK_SH)  # from "restarting it" to "using it"
+            _held[directory] = use
+            return state
+        state = start(directory, master=master, conf=conf, auto=True)
+        _hold(directory)
+        return state
+
+
+def _hold(directory: Path) -> None:
+    if directory not in _held:
+        use = os.open(directory / "use.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(use, fcntl.LOCK_SH)
+        _held[directory] = use
 
 
 def warm(url: str) -> None:
