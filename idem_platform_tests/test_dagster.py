@@ -204,11 +204,16 @@ def test_runs_are_stored_in_postgres_through_dagster_yaml(
     home.mkdir()
     (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     monkeypatch.setenv("IDEM_POSTGRES_URL", pg_url)
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "unset")
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE")  # restored after the test, whatever it was
     with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert os.environ["DAGSTER_EVENT_BATCH_SIZE"] == "1000"  # idem's event log turns batched asset writes on
         connector = threatfeed.connector("threatfeed")
         assert connector.path is not None
         path = write_lines(connector.path / "d3.ndjson", GOOD[:1])
-        pool_storage_connections(instance)  # as `idem ingest` does before its run
+        # dagster.yaml names idem's pooled subclasses of dagster-postgres's storages.
+        assert type(instance.event_log_storage).__name__ == "PooledPostgresEventLogStorage"
+        assert type(instance.run_storage).__name__ == "PooledPostgresRunStorage"
         opened = sessions_opened(pg_url)
         result = run_partition(threatfeed, pg_url, instance, path)
         opened = sessions_opened(pg_url) - opened
@@ -217,10 +222,28 @@ def test_runs_are_stored_in_postgres_through_dagster_yaml(
         stored = conn.execute("SELECT status FROM runs WHERE run_id = %s", [result.run_id]).fetchone()
         events = conn.execute("SELECT count(*) FROM event_logs WHERE run_id = %s", [result.run_id]).fetchone()[0]
     assert stored == ("SUCCESS",)
-    # Dagster's storage keeps its connection for the run: without pool_storage_connections,
+    # Dagster's storage keeps its connection for the run: with `storage: postgres:`,
     # dagster-postgres opened a session per stored event (57 sessions for 52 events here);
     # pooled, the run's sessions are idem's own and a few of Dagster's (20).
     assert events > 40 and opened < events * 2 // 3, (opened, events)
+
+
+def test_pool_storage_connections_pools_a_plain_dagster_postgres_instance(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's own dagster.yaml (``storage: postgres:``): ``idem ingest`` and the postgres
+    resource switch its storage to a kept connection, once."""
+    home = tmp_path / "plain_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("storage:\n  postgres:\n    postgres_url:\n      env: IDEM_POSTGRES_URL\n")
+    monkeypatch.setenv("IDEM_POSTGRES_URL", pg_url)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert type(instance.event_log_storage._engine.pool).__name__ == "NullPool"  # type: ignore[attr-defined]
+        pool_storage_connections(instance)
+        pooled = instance.event_log_storage._engine  # type: ignore[attr-defined]
+        assert type(pooled.pool).__name__ == "QueuePool"
+        pool_storage_connections(instance)
+        assert instance.event_log_storage._engine is pooled  # type: ignore[attr-defined]
 
 
 def sessions_opened(url: str) -> int:

@@ -7,6 +7,7 @@ tags, plus the run key), on real PostgreSQL and Spark.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from idem_platform.ledger import LedgerEntry
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import SensorTicker, example_text, reset_database, write_config
+from idem_platform_tests.conftest import REPO, SensorTicker, example_text, reset_database, write_config
 
 SENSOR = "threatfeed_filedrop_sensor"
 JOB = "threatfeed_ingest"
@@ -39,9 +40,24 @@ COMMITTED = dg.AssetKey(["threatfeed", "committed"])
 
 
 @pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
+def instance(pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.DagsterInstance]:
+    """The instance as deployed: the repository's dagster.yaml (Dagster's tables in this
+    module's database, idem's pooled storages, batched asset event writes)."""
+    schema = f"dagster_{uuid.uuid4().hex[:12]}"  # each test its own runs, partitions and cursors
+    with connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text().replace("IDEM_POSTGRES_URL", "IDEM_TEST_DAGSTER_URL"))
+    separator = "&" if "?" in pg_url else "?"
+    monkeypatch.setenv("IDEM_TEST_DAGSTER_URL", f"{pg_url}{separator}options=-csearch_path%3D{schema}")
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "1000")  # what idem's event log sets (restored after)
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            yield instance
+    finally:
+        with connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def config_with(tmp_path: Path, pg_url: str, **settings: Any) -> IdemConfig:

@@ -34,8 +34,10 @@ def pool_storage_connections(instance: dg.DagsterInstance) -> None:
     launches, :class:`PostgresResource` pools when the run first uses it (the events
     stored before that still open their own sessions).
     """
-    if instance in _POOLED:
-        return
+    from idem_platform.defs.storage import PooledPostgresEventLogStorage
+
+    if instance in _POOLED or isinstance(instance.event_log_storage, PooledPostgresEventLogStorage):
+        return  # idem's dagster.yaml: pooled from the start
     instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=4)
     _POOLED.add(instance)
 

@@ -1,0 +1,77 @@
+"""Dagster's PostgreSQL storage with a kept connection, for every process of the instance.
+
+dagster-postgres opens a new PostgreSQL session for every statement outside the
+webserver (``NullPool``: no connection held per ``DagsterInstance``). A run of idem
+stores a hundred or more events, and a batch run over N files' partitions stores
+N planned materializations per asset when the daemon creates it and N
+materializations per asset when it ends: at ~15 ms a session on a TCP server, a
+500-file batch spent ~17 s of the daemon's time per asset creating its run, and as
+much again in the run. :func:`~idem_platform.defs.resources.pool_storage_connections`
+only reached the events after a run's resources started, and never the daemon's.
+
+These classes are dagster-postgres's own, switched at construction to the pooled
+engine Dagster gives its webserver (``optimize_for_webserver``: one connection kept,
+up to four more under concurrent use; ``statement_timeout=0`` keeps PostgreSQL's
+default of none). ``dagster.yaml`` names them (``run_storage``, ``event_log_storage``)
+instead of the combined ``storage: postgres:``; the tables and their migrations are
+the same, so an instance can switch between the two forms either way.
+
+The event log also turns on Dagster's batched event writes (``DAGSTER_EVENT_BATCH_SIZE``,
+read by the instance at each event, off by default; a value the environment sets wins):
+the N materializations a batch run's output reports per asset are then one ``INSERT``
+and one update of the asset's row, not N of each.
+
+The module imports nothing of idem's core: the daemon and the webserver load it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from dagster._serdes import ConfigurableClassData
+from dagster_postgres.event_log import PostgresEventLogStorage
+from dagster_postgres.run_storage import PostgresRunStorage
+from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
+
+POOL = {"statement_timeout": 0, "pool_recycle": 3600, "max_overflow": 4}
+EVENT_BATCH_SIZE = "1000"
+
+
+def _settings(config_value: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "postgres_url": pg_url_from_config(config_value),
+        "should_autocreate_tables": config_value.get("should_autocreate_tables", True),
+        "token_provider": get_token_provider_from_config(config_value),
+    }
+
+
+class PooledPostgresEventLogStorage(PostgresEventLogStorage):
+    """dagster-postgres's event log, keeping its connection and writing asset events in
+    batches (see the module)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.optimize_for_webserver(**POOL)
+        os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", EVENT_BATCH_SIZE)
+
+    @classmethod
+    def from_config_value(  # type: ignore[override]
+        cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
+    ) -> PooledPostgresEventLogStorage:
+        return cls(inst_data=inst_data, **_settings(config_value))
+
+
+class PooledPostgresRunStorage(PostgresRunStorage):
+    """dagster-postgres's run storage, keeping its connection (see the module)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.optimize_for_webserver(**POOL)
+
+    @classmethod
+    def from_config_value(  # type: ignore[override]
+        cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
+    ) -> PooledPostgresRunStorage:
+        return cls(inst_data=inst_data, **_settings(config_value))
