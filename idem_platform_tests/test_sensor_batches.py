@@ -32,7 +32,13 @@ from idem_platform.ledger import LedgerEntry
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import REPO, SensorTicker, example_text, reset_database, write_config
+from idem_platform_tests.conftest import (
+    REPO,
+    SensorTicker,
+    example_text,
+    reset_database,
+    write_config,
+)
 
 SENSOR = "threatfeed_filedrop_sensor"
 JOB = "threatfeed_ingest"
