@@ -184,7 +184,7 @@ def run_ingest(
 DAGSTER_DATABASE = "idem_bench_dagster"
 
 
-def environment(url: str, home: Path, master: str) -> dict[str, str]:
+def environment(url: str, home: Path, master: str, spark_server: str = "off") -> dict[str, str]:
     """The child's environment: idem's tables in ``url``, Dagster's instance as the product has it.
 
     The instance is idem's own ``dagster.yaml`` (storage on PostgreSQL, as ``idem ingest``
@@ -193,9 +193,17 @@ def environment(url: str, home: Path, master: str) -> dict[str, str]:
     per round would time Dagster creating its schema in every first ingest. Before
     2026-11-23 the benchmarks left ``dagster.yaml`` out, so Dagster fell back to SQLite
     files under ``home``.
+
+    ``spark_server``: ``auto`` runs as ``idem ingest`` does by default, on the long-lived
+    Spark Connect server of ``<home>/../idem_home/spark`` (started by the first run that
+    needs it, stopped by :func:`stop_spark_server`); ``off`` starts a JVM in every run.
     """
-    env = {**os.environ, "IDEM_POSTGRES_URL": url, "IDEM_SPARK_MASTER": master, "DAGSTER_HOME": str(home)}
+    env = {
+        **os.environ, "IDEM_POSTGRES_URL": url, "IDEM_SPARK_MASTER": master, "DAGSTER_HOME": str(home),
+        "IDEM_SPARK_SERVER": spark_server, "IDEM_HOME": str(idem_home_for(home)),
+    }
     env.pop("IDEM_FAULT", None)
+    env.pop("IDEM_SPARK_REMOTE", None)
     home.mkdir(parents=True, exist_ok=True)
     instance_url = _database_url(url, DAGSTER_DATABASE)
     with psycopg.connect(url, autocommit=True) as admin:
@@ -205,6 +213,19 @@ def environment(url: str, home: Path, master: str) -> dict[str, str]:
     (home / "dagster.yaml").write_text(template.replace("env: IDEM_POSTGRES_URL", "env: IDEM_BENCH_DAGSTER_URL"), encoding="utf-8")
     env["IDEM_BENCH_DAGSTER_URL"] = instance_url
     return env
+
+
+def idem_home_for(home: Path) -> Path:
+    """The benchmark's idem home (the Spark server's state), beside its Dagster home."""
+    return home.parent / "idem_home"
+
+
+def stop_spark_server(home: Path) -> None:
+    """Stop the Spark Connect server runs of ``spark_server="auto"`` started (if any)."""
+    directory = idem_home_for(home) / "spark"
+    if (directory / "connect.json").exists():
+        subprocess.run([sys.executable, "-m", "idem_platform.cli", "spark", "stop", "--dir", str(directory)],
+                       capture_output=True, timeout=120, check=False)
 
 
 def copy_baseline(url: str, records: int) -> float:

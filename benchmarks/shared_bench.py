@@ -64,6 +64,7 @@ from benchmarks.harness import (  # noqa: E402
     peer_bench_home,
     server_facts,
     shared_bench_dir,
+    stop_spark_server,
 )
 from benchmarks.small_bench import (  # noqa: E402
     Timed,
@@ -73,6 +74,7 @@ from benchmarks.small_bench import (  # noqa: E402
     prepare_small,
     print_rows,
     run_small,
+    start_spark_server,
     summarize,
 )
 
@@ -216,12 +218,12 @@ def run_peer(
 
 def run_idem_round(
     server_url: str, config: Path, files: list[Path], new_files: list[Path], one: Path, shape: dict[str, Any],
-    master: str, home: Path, round_: int,
+    master: str, home: Path, round_: int, spark_server: str,
 ) -> list[Timed]:
     """idem's four phases of one round: (a) 10 files, (b) new files, (d) replay, then (c) one file, fresh."""
     n, unique = shape["records"], shape["unique_records"]
     url = fresh_database(server_url, f"idem_shared_{round_}")
-    env = environment(url, home, master)
+    env = environment(url, home, master, spark_server)
     out = [
         expect(ingest("idem", FIRST, round_, files, n, env, config, "feed", server_url), rows_written=unique, rows_skipped=n - unique),
         expect(ingest("idem", NEW_FILES, round_, new_files, n, env, config, "feed", server_url), rows_written=0, rows_skipped=n),
@@ -229,7 +231,7 @@ def run_idem_round(
     ]
     drop_database(server_url, url)
     url = fresh_database(server_url, f"idem_shared_one_{round_}")
-    env = environment(url, home, master)
+    env = environment(url, home, master, spark_server)
     out.append(expect(ingest("idem", ONE_FILE, round_, [one], n, env, config, "feed", server_url), rows_written=unique, rows_skipped=n - unique))
     drop_database(server_url, url)
     return out
@@ -316,6 +318,9 @@ def main() -> int:
     parser.add_argument("--stix-count", type=int, default=stix_gen.COUNT)
     parser.add_argument("--workdir", default=str(HERE / "data" / "shared"))
     parser.add_argument("--out", help="results as JSON (default: <workdir>/results-<time>.json)")
+    parser.add_argument("--spark-server", choices=("auto", "off"), default="auto",
+                        help="auto (idem ingest's default): idem's runs share a long-lived Spark Connect server, "
+                        "started by a first run timed apart; off: a JVM per run")
     args = parser.parse_args()
     exit_on_sigterm()
     workdir = Path(args.workdir).resolve()
@@ -331,7 +336,7 @@ def main() -> int:
             shape = data_shape(data)
             files, new_files, one = prepare_idem_inputs(data, shape, workdir)
             config = config_for_peer_data(workdir)
-            small = None if args.skip_small else prepare_small(workdir / "small", args.stix_count)
+            small = prepare_small(workdir / "small", args.stix_count)  # its 1-line file starts the Spark server
             facts = server_facts(server.url)
             print(
                 f"server: {masked_url(server.url)} ({server.via}{', started here' if server.started else ''}; "
@@ -341,30 +346,35 @@ def main() -> int:
                 + ", ".join(f"{k} {v:,}" for k, v in shape["types"].items()),
                 flush=True,
             )
-            if small is not None:
+            if not args.skip_small:
                 print(f"STIX-like batch: {small.stix_shape['objects']:,} objects, {len(small.stix_shape['types'])} types, {small.stix_shape['bytes']:,} bytes", flush=True)
-            results: list[Timed] = []
-            loads: dict[int, float] = {}  # the 1-minute load average as each round starts
-            tools = ["copy", "dlt", "idem"]
-            logs = workdir / "logs"
-            for round_ in range(1, args.rounds + 1):
-                loads[round_] = round(os.getloadavg()[0], 2)
-                order = tools[(round_ - 1) % 3 :] + tools[: (round_ - 1) % 3]
-                for tool in order:
-                    if tool == "copy":
-                        script = ["bench_copy.py", "--data", str(data), "--reps", "1", "--variant", "copy_pk", "--variant", "stage_oc"]
-                        done = run_peer(tool, python, shared, script, server.url, home, logs / f"round{round_}-copy.log", round_, shape["records"])
-                    elif tool == "dlt":
-                        script = ["bench_dlt.py", "--data", str(data), "--reps", "1", "--variant", "arrow_csv", "--tuned"]
-                        done = run_peer(tool, python, shared, script, server.url, home, logs / f"round{round_}-dlt.log", round_, shape["records"])
-                    else:
-                        done = run_idem_round(server.url, config, files, new_files, one, shape, args.master, workdir / "dagster_home", round_)
-                    results += done
-                    print(f"round {round_} {tool}: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
-                if small is not None:
-                    done = run_small(server.url, small, args.master, workdir / "dagster_home", round_, prefix="idem_shared_small")
-                    results += done
-                    print(f"round {round_} small: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
+            idem_home = workdir / "dagster_home"
+            print(f"idem's Spark: {args.master}, {'a long-lived Spark Connect server' if args.spark_server == 'auto' else 'a JVM per run'}", flush=True)
+            try:
+                results: list[Timed] = start_spark_server(server.url, small, args.master, idem_home, args.spark_server)
+                loads: dict[int, float] = {}  # the 1-minute load average as each round starts
+                tools = ["copy", "dlt", "idem"]
+                logs = workdir / "logs"
+                for round_ in range(1, args.rounds + 1):
+                    loads[round_] = round(os.getloadavg()[0], 2)
+                    order = tools[(round_ - 1) % 3 :] + tools[: (round_ - 1) % 3]
+                    for tool in order:
+                        if tool == "copy":
+                            script = ["bench_copy.py", "--data", str(data), "--reps", "1", "--variant", "copy_pk", "--variant", "stage_oc"]
+                            done = run_peer(tool, python, shared, script, server.url, home, logs / f"round{round_}-copy.log", round_, shape["records"])
+                        elif tool == "dlt":
+                            script = ["bench_dlt.py", "--data", str(data), "--reps", "1", "--variant", "arrow_csv", "--tuned"]
+                            done = run_peer(tool, python, shared, script, server.url, home, logs / f"round{round_}-dlt.log", round_, shape["records"])
+                        else:
+                            done = run_idem_round(server.url, config, files, new_files, one, shape, args.master, idem_home, round_, args.spark_server)
+                        results += done
+                        print(f"round {round_} {tool}: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
+                    if not args.skip_small:
+                        done = run_small(server.url, small, args.master, idem_home, round_, prefix="idem_shared_small", spark_server=args.spark_server)
+                        results += done
+                        print(f"round {round_} small: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
+            finally:
+                stop_spark_server(idem_home)
     except SetupError as exc:
         print(f"shared_bench: {exc}", file=sys.stderr)
         return 2
@@ -389,7 +399,8 @@ def main() -> int:
         "machine": machine,
         "server": {"url": masked_url(server.url), "via": server.via, "started_here": server.started, **facts},
         "data": shape,
-        "stix": small.stix_shape if small is not None else None,
+        "stix": None if args.skip_small else small.stix_shape,
+        "spark_server": args.spark_server,
         "summary": rows,
         "goals": met,
         "load_average_at_round_start": loads,

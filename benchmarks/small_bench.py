@@ -46,6 +46,7 @@ from benchmarks.harness import (  # noqa: E402
     masked_url,
     run_idem,
     server_facts,
+    stop_spark_server,
 )
 from idem_platform.samples import threatfeed_lines, write_lines  # noqa: E402
 
@@ -128,12 +129,29 @@ def expect(timed: Timed, **wanted: Any) -> Timed:
     return timed
 
 
+SERVER_START = "first run, starting the Spark server (once)"
+
+
+def start_spark_server(server_url: str, data: SmallData, master: str, home: Path, spark_server: str) -> list[Timed]:
+    """With ``spark_server="auto"``: the first run on a machine, which starts the long-lived
+    Spark Connect server that every later run uses (a 1-line file, fresh database), timed
+    apart from the rounds; nothing with ``off``."""
+    if spark_server != "auto":
+        return []
+    url = fresh_database(server_url, "idem_small_first")
+    env = environment(url, home, master, spark_server)
+    done = expect(ingest("idem", SERVER_START, 0, [data.warm], 1, env, data.config, "threatfeed", server_url), rows_written=1)
+    drop_database(server_url, url)
+    return [done]
+
+
 def run_small(
-    server_url: str, data: SmallData, master: str, home: Path, round_: int, *, stix: bool = True, prefix: str = "idem_small"
+    server_url: str, data: SmallData, master: str, home: Path, round_: int, *, stix: bool = True, prefix: str = "idem_small",
+    spark_server: str = "off",
 ) -> list[Timed]:
     """One round of the small cases, each database fresh."""
     url = fresh_database(server_url, f"{prefix}_{round_}")
-    env = environment(url, home, master)
+    env = environment(url, home, master, spark_server)
     lines = sum(1 for _ in data.thousand.open("rb"))
     out = [
         expect(ingest("idem", "1-line file, fresh database", round_, [data.warm], 1, env, data.config, "threatfeed", server_url), rows_written=1),
@@ -143,7 +161,7 @@ def run_small(
     drop_database(server_url, url)
     if stix:
         url = fresh_database(server_url, f"{prefix}_stix_{round_}")
-        env = environment(url, home, master)
+        env = environment(url, home, master, spark_server)
         objects = int(data.stix_shape["objects"])
         phase = f"STIX batch ({objects:,} objects, {len(data.stix_shape['types'])} types)"
         out.append(expect(ingest("idem", phase, round_, [data.stix], objects, env, data.stix_config, "stix", server_url), rows_written=objects, rows_rejected=0))
@@ -212,6 +230,8 @@ def main() -> int:
     parser.add_argument("--stix-count", type=int, default=stix_gen.COUNT, help="objects in the STIX-like batch")
     parser.add_argument("--workdir", default=str(HERE / "data" / "small"))
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--spark-server", choices=("auto", "off"), default="auto",
+                        help="auto (idem ingest's default): runs share a long-lived Spark Connect server; off: a JVM per run")
     args = parser.parse_args()
     exit_on_sigterm()
     workdir = Path(args.workdir).resolve()
@@ -220,11 +240,16 @@ def main() -> int:
         with bench_server(args.postgres, args.shared) as server:
             print(f"server: {masked_url(server.url)} ({server.via}{', started here' if server.started else ''})", flush=True)
             facts = server_facts(server.url)
-            results: list[Timed] = []
-            for round_ in range(1, args.rounds + 1):
-                done = run_small(server.url, data, args.master, workdir / "dagster_home", round_)
-                results += done
-                print(f"round {round_}: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
+            home = workdir / "dagster_home"
+            print(f"Spark: {args.master}, {'a long-lived Spark Connect server' if args.spark_server == 'auto' else 'a JVM per run'}", flush=True)
+            try:
+                results: list[Timed] = start_spark_server(server.url, data, args.master, home, args.spark_server)
+                for round_ in range(1, args.rounds + 1):
+                    done = run_small(server.url, data, args.master, home, round_, spark_server=args.spark_server)
+                    results += done
+                    print(f"round {round_}: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
+            finally:
+                stop_spark_server(home)
     except SetupError as exc:
         print(f"small_bench: {exc}", file=sys.stderr)
         return 2
