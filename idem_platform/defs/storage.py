@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dagster._serdes import ConfigurableClassData
 from dagster_postgres.event_log import PostgresEventLogStorage
 from dagster_postgres.run_storage import PostgresRunStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
+
+if TYPE_CHECKING:
+    from dagster._serdes import ConfigurableClassData
 
 POOL = {"statement_timeout": 0, "pool_recycle": 3600, "max_overflow": 4}
 EVENT_BATCH_SIZE = "1000"
