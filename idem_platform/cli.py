@@ -86,7 +86,7 @@ def public_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
     out["seconds"] = round(seconds, 3)
     if summary.get("prior") is not None:
         out["prior"] = summary["prior"]
-    for key in ("tables", "schema_versions", "offsets", "sources", "consumer_group", "timings", "already_committed", "nothing_to_ingest", "notes", "connector"):
+    for key in ("tables", "schema_versions", "offsets", "sources", "consumer_group", "timings", "already_committed", "nothing_to_ingest", "notes", "connector", "spark"):
         if summary.get(key):
             out[key] = summary[key]
     return out
@@ -135,34 +135,51 @@ def ingest_connector(
         ingest_config = {"files": paths}
     else:
         raise CommandError(f"connector {connector_name!r} is a {connector.kind} connector; idem ingest cannot run it")
+    spark_used: str | None = None
     if not batch.fully_replayed:
         use_spark_server(config)
+        remote = os.environ.get(SPARK_REMOTE_ENV) or config.spark.conf.get("spark.remote")
+        spark_used = remote.split(";")[0] if remote else config.spark_master()  # no session id in the summary
         # Something to commit: start Spark now, in the background, while Dagster
         # sets the run up (the hashes computed here are reused by the run).
         warm_up({k: str(v) for k, v in spark_config_for(config.spark_master(), dict(config.spark.conf)).items()})
-    return _run_job(config, connector, ingest_config, partition, replay=replay)
+    summary = _run_job(config, connector, ingest_config, partition, replay=replay)
+    if spark_used is not None:
+        summary["spark"] = spark_used  # where the run's Spark was: a master, or a Connect server's sc:// URL
+    return summary
 
 
 def use_spark_server(config: IdemConfig) -> str | None:
     """With ``spark.server: auto`` (the default) and no server named, run on the long-lived
-    Spark Connect server under ``<idem home>/spark``, started now if it is not running
-    (its URL goes to ``IDEM_SPARK_REMOTE`` for this process). ``None``: Spark starts here.
+    Spark Connect server under ``<idem home>/spark`` if it is up (its URL goes to
+    ``IDEM_SPARK_REMOTE`` for this process). ``None``: Spark starts in this process.
 
-    The first such run pays the server's start (a JVM, warm Python workers: ~15 s here);
-    every later one connects in well under a second instead of starting a JVM (~7 s).
+    A run that finds no server starts one in the background for the runs after it (a
+    JVM and warm Python workers: ~30 s on a 2-core machine) and goes on without it, so
+    no run waits longer than it would without a server; later runs connect in well
+    under a second instead of starting a JVM (~7 s).
     """
+    from pyspark.sql import SparkSession
+
     from idem_platform.spark import connect_server
     from idem_platform.spark.session import remote_url
 
     if config.spark_server() == "off" or remote_url(dict(config.spark.conf)) is not None:
         return None
+    if SparkSession.getActiveSession() is not None:
+        return None  # this process runs Spark itself already (a classic session stays classic)
     master = config.spark_master()
     directory = idem_home() / "spark"
-    if connect_server.running(directory) is None:
-        sys.stderr.write(f"starting a Spark Connect server ({master}) in {directory} for this and later runs "
-                         "(idem spark stop stops it; spark.server: off runs without)...\n")
-    state = connect_server.ensure(directory, master=master, conf=server_conf(config))
+    starter = [sys.executable, "-m", "idem_platform.cli", "spark", "start", "--auto", "--dir", str(directory), "--master", master]
+    if config.source is not None:
+        starter += ["--config", str(config.source)]
+    state = connect_server.ensure(directory, master=master, conf=server_conf(config), starter=starter)
     if state is None:
+        if connect_server.running(directory) is None:
+            sys.stderr.write(
+                f"starting a Spark Connect server ({master}) in {directory} in the background for later runs "
+                "(idem spark stop stops it; spark.server: off runs without); this run starts Spark itself\n"
+            )
         return None
     os.environ[SPARK_REMOTE_ENV] = state.url
     return state.url
@@ -704,7 +721,8 @@ def cmd_spark(args: argparse.Namespace) -> dict[str, Any] | None:
         conf = server_conf(config)
     else:
         conf = {}
-    state = connect_server.start(directory, master=master, port=args.port, conf=conf)
+    # --auto: the background start of `spark.server: auto` (connect_server.ensure); runs may replace it.
+    state = connect_server.start_locked(directory, master=master, conf=conf, port=args.port, auto=args.auto)
     return {
         "running": True, **asdict_of(state),
         "use": f"export {SPARK_REMOTE_ENV}='{state.url}'  # runs and idem ingest then use this server",
@@ -730,7 +748,7 @@ def cmd_dev(args: argparse.Namespace) -> dict[str, Any] | None:
         directory = spark_server_dir(args)
         started_here = connect_server.running(directory) is None
         sys.stderr.write(f"starting the Spark Connect server ({config.spark_master()}) for the runs...\n")
-        state = connect_server.ensure(directory, master=config.spark_master(), conf=server_conf(config))
+        state = connect_server.ensure(directory, master=config.spark_master(), conf=server_conf(config), wait=True)
         if state is not None:  # None: a stale server other runs still use; these runs start their own Spark
             os.environ[SPARK_REMOTE_ENV] = state.url
         try:
@@ -893,6 +911,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "start":
             sub.add_argument("--master", help="its Spark master (default: IDEM_SPARK_MASTER, idem.yaml, local[*])")
             sub.add_argument("--port", type=int, help="its port on 127.0.0.1 (default: a free one)")
+            sub.add_argument("--auto", action="store_true", help=argparse.SUPPRESS)  # started by a run: runs may replace it
         sub.set_defaults(func=cmd_spark)
     return top
 

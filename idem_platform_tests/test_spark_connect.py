@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,13 +110,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_ingest_starts_a_server_on_first_use_later_runs_reuse_it_and_a_stale_one_is_restarted_when_unused(
+def _wait_for_server(directory: Path, other_than: object = None, timeout: float = 240.0) -> dict[str, object]:
+    """The server a background start brings up in ``directory`` (not ``other_than``'s pid)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = _state(directory)
+        except (OSError, ValueError):
+            state = None
+        if state is not None and state["pid"] != other_than and _alive(int(state["pid"])):  # type: ignore[arg-type]
+            return state
+        time.sleep(1)
+    log = directory / "starter.log"
+    raise AssertionError(f"no server came up in {directory}: {log.read_text()[-2000:] if log.exists() else '(no log)'}")
+
+
+def test_ingest_starts_a_server_for_later_runs_which_reuse_it_and_a_stale_one_is_replaced_when_unused(
     pg_url: str, tmp_path: Path, threatfeed: IdemConfig
 ) -> None:
-    """``spark.server: auto`` (the default outside tests): the first ``idem ingest`` starts the
-    server under ``<idem home>/spark``; the next connects to it; a server started for other code
-    (its fingerprint differs) is restarted, unless another process is using it: then the run
-    starts Spark in its own process and leaves the server alone."""
+    """``spark.server: auto`` (the default outside tests): the first ``idem ingest`` runs Spark
+    itself and starts the server under ``<idem home>/spark`` in the background; the next run
+    connects to it; a server started for other code (its fingerprint differs) is replaced,
+    unless another process is using it: then runs start Spark themselves and leave it be."""
     connector = threatfeed.connector("threatfeed")
     assert connector.path is not None
     home = tmp_path / "idem-home"
@@ -124,34 +140,39 @@ def test_ingest_starts_a_server_on_first_use_later_runs_reuse_it_and_a_stale_one
     env.pop("IDEM_SPARK_REMOTE", None)
     lines = list(threatfeed_lines(400, seed=31, duplicate_ratio=0.0))
     paths = [write_lines(connector.path / f"auto-{i}.ndjson", lines[i::4]) for i in range(4)]
+    state: dict[str, object] = {}
     try:
         first = _ingest(env, paths[0])
-        state = _state(directory)
-        assert state["auto"] is True and state["master"] == "local[2]" and _alive(int(state["pid"]))  # type: ignore[arg-type]
+        assert first["spark"] == "local[2]"  # no server yet: this run did not wait for one
+        state = _wait_for_server(directory)
+        assert state["auto"] is True and state["master"] == "local[2]"
         second = _ingest(env, paths[1])
-        assert _state(directory)["pid"] == state["pid"]  # reused, not restarted
-        # Started for other code: restarted by the next run.
+        assert second["spark"] == str(state["url"]).split(";")[0]  # on the server
+        assert _state(directory)["pid"] == state["pid"]
+        # Started for other code: replaced in the background; this run goes without it.
         (directory / "connect.json").write_text(json.dumps({**state, "fingerprint": "other-code"}))
         third = _ingest(env, paths[2])
-        restarted = _state(directory)
-        assert restarted["pid"] != state["pid"] and not _alive(int(state["pid"]))  # type: ignore[arg-type]
-        assert restarted["fingerprint"] == state["fingerprint"]
-        # Stale again, but in use by another process (this one): left running; the run goes on without it.
-        (directory / "connect.json").write_text(json.dumps({**restarted, "fingerprint": "other-code"}))
+        assert third["spark"] == "local[2]" and not _alive(int(state["pid"]))  # type: ignore[arg-type]
+        replaced = _wait_for_server(directory, other_than=state["pid"])
+        assert replaced["fingerprint"] == state["fingerprint"]
+        state = replaced
+        # Stale again, but in use by another process (this one): left running; runs go without it.
+        (directory / "connect.json").write_text(json.dumps({**replaced, "fingerprint": "other-code"}))
         with open(directory / "use.lock", "a") as use:
             fcntl.flock(use, fcntl.LOCK_SH)
             fourth = _ingest(env, paths[3])
-        assert _state(directory)["pid"] == restarted["pid"] and _alive(int(restarted["pid"]))  # type: ignore[arg-type]
+        assert fourth["spark"] == "local[2]"
+        assert _state(directory)["pid"] == replaced["pid"] and _alive(int(replaced["pid"]))  # type: ignore[arg-type]
         written = [s["rows_written"] for s in (first, second, third, fourth)]
         assert sum(written) == _rows(pg_url) == len(lines) and all(w > 0 for w in written)  # type: ignore[operator]
         # Runs share the server's one session: it must outlive Spark Connect's 60-minute idle default.
         probe = subprocess.run(
             [sys.executable, "-c", "import sys; from pyspark.sql import SparkSession; "
              "s = SparkSession.builder.remote(sys.argv[1]).getOrCreate(); "
-             "print(s.conf.get('spark.connect.session.manager.defaultSessionTimeout'))", str(restarted["url"])],
+             "print(s.conf.get('spark.connect.session.manager.defaultSessionTimeout'))", str(replaced["url"])],
             capture_output=True, text=True, timeout=120,
         )
         assert probe.stdout.strip().splitlines()[-1] == "3650d", probe.stderr[-2000:]
     finally:
         subprocess.run(idem_command("spark", "stop", "--dir", str(directory)), capture_output=True, timeout=120)
-    assert not _alive(int(restarted["pid"]))  # type: ignore[arg-type]
+    assert not _alive(int(state["pid"]))  # type: ignore[arg-type]

@@ -195,23 +195,38 @@ def fingerprint(master: str, conf: dict[str, str]) -> str:
 _held: dict[Path, int] = {}  # directory -> the open use.lock this process holds shared
 
 
-def ensure(directory: Path = DEFAULT_DIR, *, master: str, conf: dict[str, str] | None = None) -> ServerState | None:
-    """The server of ``directory`` for a run of this process: the one running if it was
-    started with the same master, settings and code, else a new one (``spark.server: auto``).
+def ensure(
+    directory: Path = DEFAULT_DIR,
+    *,
+    master: str,
+    conf: dict[str, str] | None = None,
+    wait: bool = False,
+    starter: list[str] | None = None,
+) -> ServerState | None:
+    """The server of ``directory`` for a run of this process, if one started with the same
+    master, settings and code is up (``spark.server: auto``).
 
-    While this process lives it holds ``use.lock`` shared, so a process that finds the
-    server stale (idem upgraded, another master) restarts it only when no one is using
-    it; otherwise it returns ``None`` and its run starts Spark in its own process.
-    Starts are serialised by ``start.lock``.
+    Otherwise ``None``, and the server is brought up for the runs after this one: with
+    ``wait`` (``idem dev``) here and now; else by ``starter`` (a command line that runs
+    :func:`start_locked`, spawned in its own session), so no run ever waits ~30 s for a
+    server: the run that finds none starts Spark in its own process, as without a server.
+
+    While this process lives it holds ``use.lock`` shared; a server started for other
+    code or settings is stopped and replaced only when no process holds it, and never
+    when a person started it (``idem spark start``). Starts are serialised by
+    ``start.lock``: a start under way is not started twice.
 
     Raises:
-        ConfigError: the server did not start (its log's end is in the message).
+        ConfigError: the server did not start (``wait`` only; its log's end is in the message).
     """
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     wanted = fingerprint(master, conf or {})
     with open(directory / "start.lock", "a") as start_lock:
-        fcntl.flock(start_lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(start_lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return None  # another process is starting it: this run goes without
         state = running(directory)
         if state is not None and state.fingerprint == wanted:
             _hold(directory)
@@ -226,13 +241,28 @@ def ensure(directory: Path = DEFAULT_DIR, *, master: str, conf: dict[str, str] |
                 os.close(use)
                 return None  # stale, but other runs are on it
             stop(directory)
+            os.close(use)
+        if wait:
             state = start(directory, master=master, conf=conf, auto=True)
-            fcntl.flock(use, fcntl.LOCK_SH)  # from "restarting it" to "using it"
-            _held[directory] = use
+            _hold(directory)
             return state
-        state = start(directory, master=master, conf=conf, auto=True)
-        _hold(directory)
-        return state
+        if starter is not None:
+            log = open(directory / "starter.log", "ab")  # noqa: SIM115 - the child keeps it
+            subprocess.Popen(starter, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
+        return None
+
+
+def start_locked(
+    directory: Path, *, master: str, conf: dict[str, str] | None = None, port: int | None = None, auto: bool = False
+) -> ServerState:
+    """:func:`start` under ``start.lock`` (``idem spark start``, and the background start of
+    :func:`ensure`): the server running there already, if any, else a new one."""
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "start.lock", "a") as start_lock:
+        fcntl.flock(start_lock, fcntl.LOCK_EX)
+        return start(directory, master=master, conf=conf, port=port, auto=auto)
 
 
 def _hold(directory: Path) -> None:
