@@ -220,6 +220,24 @@ def idem_home_for(home: Path) -> Path:
     return home.parent / "idem_home"
 
 
+def wait_for_spark_server(home: Path, timeout: float = 300.0) -> float:
+    """``time.monotonic()`` once the server of ``spark_server="auto"`` answers (a run starts it
+    in the background).
+
+    Raises:
+        SetupError: it did not come up within ``timeout``.
+    """
+    from idem_platform.spark.connect_server import running
+
+    directory = idem_home_for(home) / "spark"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if running(directory) is not None:
+            return time.monotonic()
+        time.sleep(0.5)
+    raise SetupError(f"the Spark Connect server in {directory} did not come up within {timeout:.0f} s")
+
+
 def stop_spark_server(home: Path) -> None:
     """Stop the Spark Connect server runs of ``spark_server="auto"`` started (if any)."""
     directory = idem_home_for(home) / "spark"
