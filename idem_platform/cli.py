@@ -159,15 +159,14 @@ def use_spark_server(config: IdemConfig) -> str | None:
     no run waits longer than it would without a server; later runs connect in well
     under a second instead of starting a JVM (~7 s).
     """
-    from pyspark.sql import SparkSession
-
     from idem_platform.spark import connect_server
     from idem_platform.spark.session import remote_url
 
     if config.spark_server() == "off" or remote_url(dict(config.spark.conf)) is not None:
         return None
-    if SparkSession.getActiveSession() is not None:
-        return None  # this process runs Spark itself already (a classic session stays classic)
+    if _spark_choice:  # decided by this process's first run (`idem demo` runs three): a
+        return _spark_choice[0]  # process that started Spark itself cannot switch to Connect
+    _spark_choice.append(None)
     master = config.spark_master()
     directory = idem_home() / "spark"
     starter = [sys.executable, "-m", "idem_platform.cli", "spark", "start", "--auto", "--dir", str(directory), "--master", master]
@@ -182,7 +181,11 @@ def use_spark_server(config: IdemConfig) -> str | None:
             )
         return None
     os.environ[SPARK_REMOTE_ENV] = state.url
+    _spark_choice[0] = state.url
     return state.url
+
+
+_spark_choice: list[str | None] = []  # this process's use_spark_server answer, once given
 
 
 def server_conf(config: IdemConfig) -> dict[str, str]:

@@ -176,3 +176,33 @@ def test_ingest_starts_a_server_for_later_runs_which_reuse_it_and_a_stale_one_is
     finally:
         subprocess.run(idem_command("spark", "stop", "--dir", str(directory)), capture_output=True, timeout=120)
     assert not _alive(int(state["pid"]))  # type: ignore[arg-type]
+
+
+def test_a_process_that_started_spark_itself_stays_on_it_when_the_server_comes_up(tmp_path: Path, threatfeed: IdemConfig) -> None:
+    """``idem demo`` runs several ingests in one process: the first finds no server (and starts
+    one in the background), so that process keeps its own Spark even once the server answers
+    (PySpark cannot mix a classic session and a Connect one in a process)."""
+    home = tmp_path / "idem-home"
+    code = (
+        "import sys, time\n"
+        "from idem_platform.cli import use_spark_server\n"
+        "from idem_platform.config import load_config\n"
+        "from idem_platform.spark.connect_server import running\n"
+        "config = load_config(sys.argv[1])\n"
+        "first = use_spark_server(config)\n"
+        "deadline = time.monotonic() + 240\n"
+        "while running(__import__('pathlib').Path(sys.argv[2])) is None and time.monotonic() < deadline:\n"
+        "    time.sleep(1)\n"
+        "print(first, use_spark_server(config), running(__import__('pathlib').Path(sys.argv[2])) is not None)\n"
+    )
+    env = {**os.environ, "IDEM_SPARK_SERVER": "auto", "IDEM_HOME": str(home), "IDEM_SPARK_MASTER": "local[2]"}
+    env.pop("IDEM_SPARK_REMOTE", None)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(threatfeed.source), str(home / "spark")],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.strip().splitlines()[-1] == "None None True"
+    finally:
+        subprocess.run(idem_command("spark", "stop", "--dir", str(home / "spark")), capture_output=True, timeout=120)
