@@ -274,3 +274,40 @@ def test_records_nested_up_to_the_limit_are_data() -> None:
     deep = "[" * 252 + "1" + "]" * 252  # 254 levels with the record itself
     (row,) = run([f'{{"type":"thing","id":"a","name":"x","deep":{deep}}}'.encode()])
     assert row["_errors"] is None
+
+
+def test_a_batch_pauses_the_cyclic_collector_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector is off while a batch's records are parsed (they hold no cycles), on again
+    afterwards (also after a failure), and left off if the caller had switched it off."""
+    import gc
+
+    from idem_platform.coercion import records
+
+    seen: list[bool] = []
+    parse = records.parse_and_canonicalize
+
+    def spying(raw: bytes) -> Any:
+        seen.append(gc.isenabled())
+        return parse(raw)
+
+    monkeypatch.setattr(records, "parse_and_canonicalize", spying)
+    line = b'{"type":"thing","id":"t1","name":"a"}'
+    assert gc.isenabled()
+    run([line])
+    assert seen == [False] and gc.isenabled()
+
+    def failing(raw: bytes) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(records, "parse_and_canonicalize", failing)
+    with pytest.raises(RuntimeError):
+        run([line])
+    assert gc.isenabled()
+
+    monkeypatch.setattr(records, "parse_and_canonicalize", spying)
+    gc.disable()
+    try:
+        run([line])
+        assert seen[-1] is False and not gc.isenabled()
+    finally:
+        gc.enable()
