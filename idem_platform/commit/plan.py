@@ -33,6 +33,11 @@ class CommitPlan:
         lock_timeout_seconds: how long the promote waits for a target table's
             lock (another commit promoting into it, a user's open ``LOCK``)
             before it gives up with a transient error.
+        probe_known: record types whose table held rows when the commit was
+            planned: their staging tasks look up each batch's keys first and
+            stage only keys the table does not hold (see
+            :class:`~idem_platform.commit.staging.StagingWriter`). Empty tables
+            (a first load) are not probed.
     """
 
     commit_id: str
@@ -52,6 +57,7 @@ class CommitPlan:
     meta_column: str | None = None
     replayed_records: int = 0  # records of units in the batch that an earlier commit holds
     lock_timeout_seconds: float = 120.0  # wait for the target tables' lock at the promote
+    probe_known: frozenset[str] = frozenset()
 
     @cached_property
     def index_of(self) -> dict[str, int]:

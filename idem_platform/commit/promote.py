@@ -65,6 +65,7 @@ class StagedAttempt:
     with_extra: dict[str, int] = field(default_factory=dict)
     rejected: int = 0
     repeats: dict[str, int] = field(default_factory=dict)  # repeats counted, not staged
+    known: dict[str, int] = field(default_factory=dict)  # keys the table already held: counted as skips, not staged
     unique_keys: bool = False  # the attempt staged no key twice (no DISTINCT ON needed)
     max_timestamps: dict[int, int] = field(default_factory=dict)  # unit index -> newest source timestamp (ms)
     props_fields: dict[str, list[str]] = field(default_factory=dict)  # record type -> fields coercion put in props
@@ -372,7 +373,7 @@ class Promotion:
     @property
     def records_staged(self) -> int:
         """Records the accepted attempts staged so far (for progress lines)."""
-        return sum(sum(m.rows.values()) + sum(m.repeats.values()) for m in self.accepted.values())
+        return sum(sum(m.rows.values()) + sum(m.repeats.values()) + sum(m.known.values()) for m in self.accepted.values())
 
     def _begin(self) -> None:
         self._transaction = self.conn.transaction()
@@ -542,7 +543,7 @@ class Promotion:
         plan = self.plan
         chosen = accepted_attempts(plan, list(self.accepted.values()))
         rejected = sum(a.rejected for a in chosen)
-        staged = {rt: sum(a.rows.get(rt, 0) + a.repeats.get(rt, 0) for a in chosen) for rt in plan.tables}
+        staged = {rt: sum(a.rows.get(rt, 0) + a.repeats.get(rt, 0) + a.known.get(rt, 0) for a in chosen) for rt in plan.tables}
         total = sum(staged.values()) + rejected
         if total and rejected / total > plan.max_reject_ratio:
             if self._transaction is None:

@@ -43,6 +43,7 @@ from idem_platform.ledger import (
 )
 from idem_platform.pipeline import CoercedBatch, read_ledger, record_spec
 from idem_platform.postgres.connection import connect
+from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.redact import remember_url, scrub
 
 if TYPE_CHECKING:
@@ -338,6 +339,8 @@ def commit_batch(
         with connect(request.url) as conn:
             with conn.transaction():
                 dead = _claim(conn, request, batch, plan.owner)
+            with conn.transaction():
+                plan = replace(plan, probe_known=tables_with_rows(conn, sorted(plan.tables)))
             create_staging(conn, plan)
         drop_staging_quietly(request.url, dead)  # a dead run's leftovers
         stage_started = time.monotonic()

@@ -25,6 +25,7 @@ import secrets
 import time
 from collections.abc import Iterable
 
+import numpy as np
 import pgpq
 import pgpq.encoders
 import pgpq.schema
@@ -38,7 +39,9 @@ from idem_platform.commit.plan import CommitPlan
 from idem_platform.errors import TransientError
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.schema import SCHEMA, STAGING_SCHEMA
+from idem_platform.postgres.tables import table_ident
 
+PROBE_MIN_HITS = 0.25  # a batch with fewer known keys than this share ends an attempt's probing of its type
 ATTEMPT_ID_HEX = 16  # an attempt's tables are "<template>_<16 hex>": at most 58 characters
 STAGED_SYSTEM: tuple[tuple[str, str], ...] = (
     ("_pos", "bigint NOT NULL"),
@@ -275,6 +278,8 @@ class StagingWriter:
         # wait for a WAL flush: ~0.2 s of a task that stages many record types.
         self.conn.execute("SET synchronous_commit = off")
         self.rows: dict[str, int] = {}
+        self.known: dict[str, int] = {}  # rows not staged: the table held their keys
+        self._probing = set(plan.probe_known)
         self.with_extra: dict[str, int] = {}
         self.props_fields: dict[str, set[str]] = {}  # record type -> fields that went to props
         self.rejected = 0
@@ -293,6 +298,8 @@ class StagingWriter:
         """Stage one batch of the ``coerced`` frame."""
         for record_type, spec in self.plan.tables.items():
             rows, with_extra = staged_rows(batch, record_type, spec)
+            if rows.num_rows and record_type in self._probing:
+                rows = self._without_known(record_type, rows)
             if rows.num_rows:
                 self._copy(self.plan.staging_table(record_type), rows)
                 self.rows[record_type] = self.rows.get(record_type, 0) + rows.num_rows
@@ -304,6 +311,42 @@ class StagingWriter:
         if rejects.num_rows:
             self._copy(self.plan.rejects_table, rejects)
             self.rejected += rejects.num_rows
+
+    def _without_known(self, record_type: str, rows: pa.RecordBatch) -> pa.RecordBatch:
+        """``rows`` without those whose key the table holds (counted in :attr:`known`).
+
+        Rows that already sit in the table are skips whatever happens next (the
+        product never deletes a row), so staging them only costs: their binary
+        COPY, PostgreSQL's parse of their JSON and the promote's reading them back.
+        Re-delivered data (the same rows in new files, a topic replayed from an
+        earlier offset) is mostly such rows. One index probe per key instead, and
+        only while it pays: when under :data:`PROBE_MIN_HITS` of a batch's keys
+        are known, this attempt stops probing the type and stages everything
+        (the promote's anti-join skips the rest, as for any table). Rows with
+        unknown fields are always staged: the promote's schema evolution looks
+        at every staged row's fields, as it would without the probe.
+        """
+        keys = rows.column("_idempotency_key")
+        plain = pc.is_null(rows.column("_extra"))
+        candidates = pc.filter(keys, plain)
+        if not len(candidates):
+            return rows
+        query = sql.SQL(
+            "SELECT k.i FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, i) "
+            "WHERE EXISTS (SELECT 1 FROM {} t WHERE t._idempotency_key = k.key)"
+        ).format(table_ident(record_type))
+        with self.conn.cursor(binary=True) as cursor:
+            found = [i for (i,) in cursor.execute(query, [candidates.to_pylist()]).fetchall()]
+        if len(found) < PROBE_MIN_HITS * len(candidates):
+            self._probing.discard(record_type)
+        if not found:
+            return rows
+        held = np.zeros(len(candidates), dtype=bool)
+        held[np.asarray(found, dtype=np.int64) - 1] = True  # ORDINALITY counts from 1
+        keep = np.ones(rows.num_rows, dtype=bool)
+        keep[np.flatnonzero(plain.to_numpy(zero_copy_only=False))[held]] = False
+        self.known[record_type] = self.known.get(record_type, 0) + len(found)
+        return rows.filter(pa.array(keep))
 
     def close(self) -> None:
         self.conn.close()

@@ -35,6 +35,19 @@ def table_ident(record_type: str) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(SCHEMA), sql.Identifier(record_type))
 
 
+def tables_with_rows(conn: psycopg.Connection, record_types: list[str]) -> frozenset[str]:
+    """The record types whose table exists and holds at least one row (one index-free
+    look per table: ``EXISTS`` stops at the first visible row)."""
+    held = set()
+    for record_type in record_types:
+        if conn.execute("SELECT to_regclass(%s)", [f'{SCHEMA}."{record_type}"']).fetchone()[0] is None:  # type: ignore[index]
+            continue
+        query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table_ident(record_type))
+        if conn.execute(query).fetchone()[0]:  # type: ignore[index]
+            held.add(record_type)
+    return frozenset(held)
+
+
 def existing_columns(conn: psycopg.Connection, record_type: str) -> dict[str, str]:
     """``{column: formatted type}`` of ``idem.<record_type>``; empty when it does not exist."""
     rows = conn.execute(

@@ -81,6 +81,7 @@ def stage_slice(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[
         props_fields={rt: sorted(names) for rt, names in writer.props_fields.items()},
         rejected=writer.rejected,
         repeats=repeats.skipped,
+        known=writer.known,
         unique_keys=repeats.unique,
         max_timestamps=newest,
     )
