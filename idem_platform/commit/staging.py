@@ -42,6 +42,11 @@ from idem_platform.postgres.schema import SCHEMA, STAGING_SCHEMA
 from idem_platform.postgres.tables import table_ident
 
 PROBE_MIN_HITS = 0.25  # a batch with fewer known keys than this share ends an attempt's probing of its type
+# Staging tables live for one commit and are read once, in full: autovacuum's
+# ANALYZE/VACUUM of them (triggered by a large COPY) is wasted work, and the lock it
+# holds made the promote's DROP of the table wait up to deadlock_timeout (1 s) for
+# autovacuum to be cancelled, inside the commit.
+NO_AUTOVACUUM = "WITH (autovacuum_enabled = off, toast.autovacuum_enabled = off)"
 ATTEMPT_ID_HEX = 16  # an attempt's tables are "<template>_<16 hex>": at most 58 characters
 STAGED_SYSTEM: tuple[tuple[str, str], ...] = (
     ("_pos", "bigint NOT NULL"),
@@ -104,7 +109,9 @@ def create_staging(conn: psycopg.Connection, plan: CommitPlan) -> None:
 
 def _create(conn: psycopg.Connection, name: str, columns: list[sql.Composable], plan: CommitPlan) -> None:
     conn.execute(
-        sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(staged_ident(name), sql.SQL(", ").join(columns))
+        sql.SQL("CREATE UNLOGGED TABLE {} ({}) {}").format(
+            staged_ident(name), sql.SQL(", ").join(columns), sql.SQL(NO_AUTOVACUUM)
+        )
     )
     _comment(conn, name, plan)
 
@@ -122,8 +129,8 @@ def create_attempt_table(conn: psycopg.Connection, plan: CommitPlan, template: s
     name = attempt_table(template, attempt)
     with conn.transaction():  # the table and its owner's note, one commit
         conn.execute(
-            sql.SQL("CREATE UNLOGGED TABLE {} (LIKE {} INCLUDING DEFAULTS)").format(
-                staged_ident(name), staged_ident(template)
+            sql.SQL("CREATE UNLOGGED TABLE {} (LIKE {} INCLUDING DEFAULTS) {}").format(
+                staged_ident(name), staged_ident(template), sql.SQL(NO_AUTOVACUUM)
             )
         )
         _comment(conn, name, plan)
