@@ -336,14 +336,17 @@ class StagingWriter:
         keys = rows.column("_idempotency_key")
         plain = pc.is_null(rows.column("_extra"))
         candidates = pc.filter(keys, plain)
-        if not len(candidates):
+        if not len(candidates) or pc.any(pc.match_substring(candidates, "\n")).as_py():
             return rows
+        # One text parameter, split by the server: a key never holds a newline (an
+        # external id that is not printable ASCII is hashed into the key), and
+        # psycopg's text[] dumper would cost more Python per key than the probe.
         query = sql.SQL(
-            "SELECT k.i FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, i) "
+            "SELECT k.i FROM unnest(string_to_array(%s, E'\\n')) WITH ORDINALITY AS k(key, i) "
             "WHERE EXISTS (SELECT 1 FROM {} t WHERE t._idempotency_key = k.key)"
         ).format(table_ident(record_type))
         with self.conn.cursor(binary=True) as cursor:
-            found = [i for (i,) in cursor.execute(query, [candidates.to_pylist()]).fetchall()]
+            found = [i for (i,) in cursor.execute(query, ["\n".join(candidates.to_pylist())]).fetchall()]
         if len(found) < PROBE_MIN_HITS * len(candidates):
             self._probing.discard(record_type)
         if not found:
