@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,17 +16,17 @@ from idem_platform.commit.promote import ClaimLost, StagedAttempt, promote
 from idem_platform.commit.staging import (
     StagingWriter,
     attempt_table,
-    create_staging,
     drop_stale_staging,
     new_attempt_id,
 )
 from idem_platform.config import IdemConfig
-from idem_platform.connectors.filedrop import FileSlice, Split, batch_of_files, hash_file
+from idem_platform.connectors.filedrop import Split, hash_file
 from idem_platform.errors import TransientError
 from idem_platform.ledger import Ledger
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform_tests.conftest import lines_batch
+from idem_platform_tests.staging_fixture import claimed_plan
 
 
 def _batch(lines: list[str], first_line: int, spec: RecordSpec) -> pa.RecordBatch:
@@ -46,24 +44,9 @@ def staged(pg_url: str, threatfeed: IdemConfig, tmp_path: Path) -> tuple[CommitP
         hashed,
         splits=(Split(0, middle, 1, 0), Split(middle, hashed.size, 21, 0)),
     )
-    connector = threatfeed.connector("threatfeed")
-    tables = threatfeed.tables_for(connector)
-    batch = batch_of_files("threatfeed", [file], {})
-    spec = RecordSpec(
-        connector="threatfeed", tables=tables, units=((batch.pending[0].position_prefix, 0),),
-        record_type_field="type", spark_types=True,
-    )
-    commit_id = str(uuid.uuid4())
-    plan = CommitPlan(
-        commit_id=commit_id, connector="threatfeed", run_id="t", owner=f"t/{commit_id}", units=batch.pending,
-        slices=tuple(FileSlice(((file, split),)) for split in file.splits), tables=tables, evolve=True, max_reject_ratio=1.0, replay=False,
-        replay_window_seconds=3600, started_at=datetime.now(UTC).isoformat(), spec=spec,
-    )
-    with connect(pg_url) as conn:
-        with conn.transaction():
-            Ledger(conn, "threatfeed").begin(file.key, {"connector": "threatfeed", "file_key": file.key}, owner=plan.owner)
-        create_staging(conn, plan)
-    return plan, lines, spec
+    tables = threatfeed.tables_for(threatfeed.connector("threatfeed"))
+    plan = claimed_plan(pg_url, tables, file)
+    return plan, lines, plan.spec
 
 
 def _stage(pg_url: str, plan: CommitPlan, batch: pa.RecordBatch, partition: int) -> StagedAttempt:

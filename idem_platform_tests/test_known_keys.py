@@ -9,51 +9,30 @@ skipped by its anti-join.
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from idem_platform.coercion.records import RecordSpec, coerce_batch
+from idem_platform.coercion.records import coerce_batch
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.commit.promote import StagedAttempt, promote
-from idem_platform.commit.staging import StagingWriter, create_staging, new_attempt_id
+from idem_platform.commit.staging import StagingWriter, new_attempt_id
 from idem_platform.config import IdemConfig
-from idem_platform.connectors.filedrop import FileSlice, batch_of_files, hash_file
-from idem_platform.ledger import Ledger
+from idem_platform.connectors.filedrop import hash_file
 from idem_platform.pipeline import current_tables
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform_tests.conftest import lines_batch
+from idem_platform_tests.staging_fixture import claimed_plan
 
 
 def _plan(pg_url: str, config: IdemConfig, path: Path) -> CommitPlan:
-    """A one-slice commit of ``path``, claimed in the ledger, its staging templates made,
-    probing the tables that hold rows now (as ``commit_batch`` plans it)."""
-    file = hash_file(path)
-    connector = config.connector("threatfeed")
-    tables = current_tables(pg_url, config, connector)  # with the columns evolution added, as a run reads them
-    batch = batch_of_files("threatfeed", [file], {})
-    spec = RecordSpec(
-        connector="threatfeed", tables=tables, units=((batch.pending[0].position_prefix, 0),),
-        record_type_field="type", spark_types=True,
-    )
-    commit_id = str(uuid.uuid4())
-    plan = CommitPlan(
-        commit_id=commit_id, connector="threatfeed", run_id="t", owner=f"t/{commit_id}", units=batch.pending,
-        slices=(FileSlice(((file, file.splits[0]),)),), tables=tables, evolve=True, max_reject_ratio=1.0,
-        replay=False, replay_window_seconds=3600, started_at=datetime.now(UTC).isoformat(), spec=spec,
-    )
-    with connect(pg_url) as conn:
-        with conn.transaction():
-            Ledger(conn, "threatfeed").begin(file.key, {"connector": "threatfeed", "file_key": file.key}, owner=plan.owner)
-            plan = replace(plan, probe_known=tables_with_rows(conn, sorted(tables)))
-        create_staging(conn, plan)
-    return plan
+    """A one-slice commit of ``path`` with the tables as a run reads them (evolved columns
+    included), probing those that hold rows now."""
+    tables = current_tables(pg_url, config, config.connector("threatfeed"))
+    return claimed_plan(pg_url, tables, hash_file(path), probe=True)
 
 
 def _stage(pg_url: str, plan: CommitPlan, batches: list[pa.RecordBatch]) -> tuple[StagedAttempt, StagingWriter]:
