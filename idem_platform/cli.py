@@ -17,8 +17,10 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -130,6 +132,8 @@ def ingest_connector(
                 f"{connector.kind if connector.kind != 'filedrop' else 'file-drop'} connector: name the files to ingest"
             )
         paths = [checked_file(connector, f) for f in files]
+        with hashing_in_background(paths):
+            _import_run_modules()
         batch = plan_batch(url, connector, paths)
         partition = _partition_for(connector, paths)
         ingest_config = {"files": paths}
@@ -147,6 +151,38 @@ def ingest_connector(
     if spark_used is not None:
         summary["spark"] = spark_used  # where the run's Spark was: a master, or a Connect server's sc:// URL
     return summary
+
+
+@contextmanager
+def hashing_in_background(paths: list[str]) -> Iterator[None]:
+    """Hash ``paths`` in a thread while the body runs; the plan then finds them hashed.
+
+    hashlib releases the GIL on large buffers, so the files' SHA-256 (~0.5 s for
+    387 MB) overlaps the body's imports instead of following them. A file that fails
+    here is hashed again by the plan, which reports the error.
+    """
+    from idem_platform.connectors.filedrop import hash_file
+
+    def run() -> None:
+        for path in paths:
+            try:
+                hash_file(path)
+            except Exception:  # noqa: BLE001 - the plan hashes it again and says what is wrong
+                return
+
+    thread = threading.Thread(target=run, name="idem-hash", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
+def _import_run_modules() -> None:
+    """Import what the run needs (Dagster, its PostgreSQL storage, the definitions): ~1 s
+    of the interpreter's time that can overlap the files' hashing."""
+    import idem_platform.defs.definitions  # noqa: F401
+    import idem_platform.defs.storage  # noqa: F401
 
 
 def use_spark_server(config: IdemConfig) -> str | None:
