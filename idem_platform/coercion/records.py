@@ -399,16 +399,19 @@ def _coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLine
                 raise _line_error("json", f"{noun} is not valid JSON: {exc}") from None
             if type(record) is not dict:
                 raise _line_error("not_object", f"{noun} is {json_kind(record)}, not a JSON object")
-            if _NUL_ESCAPE in canonical and has_nul(record):
-                raise _line_error(
-                    "nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store"
-                )
-            if _SURROGATE_ESCAPE in canonical and (lone := _lone_surrogate(record)) is not None:
-                raise _line_error(
-                    "surrogate",
-                    f"record contains a lone surrogate (\\u{ord(lone):04x}): not Unicode text, which "
-                    "PostgreSQL cannot store",
-                )
+            # Both escapes start with a backslash, which most records' canonical form lacks:
+            # ``92 in`` is a memchr, a bytes needle a slower search (~0.5 µs each).
+            if 92 in canonical:
+                if _NUL_ESCAPE in canonical and has_nul(record):
+                    raise _line_error(
+                        "nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store"
+                    )
+                if _SURROGATE_ESCAPE in canonical and (lone := _lone_surrogate(record)) is not None:
+                    raise _line_error(
+                        "surrogate",
+                        f"record contains a lone surrogate (\\u{ord(lone):04x}): not Unicode text, which "
+                        "PostgreSQL cannot store",
+                    )
             # repeated_key's first test, widened to any backslash and inlined: a call per
             # record would cost as much as the counts; ``92 in`` is a memchr, ``b"\\" in`` not.
             if raw.count(58) != canonical.count(58) or 92 in raw:  # ":" and "\"
