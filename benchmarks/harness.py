@@ -100,9 +100,11 @@ def fresh_database(server_url: str, name: str) -> str:
 
 
 def _database_url(server_url: str, name: str) -> str:
-    """``server_url`` with its database replaced by ``name``."""
-    info = psycopg.conninfo.conninfo_to_dict(server_url)
-    if "?" in server_url or "host=" in server_url and not server_url.startswith("postgresql://"):
+    """``server_url`` with its database replaced by ``name``: a URL stays a URL (Dagster's
+    storage parses it with SQLAlchemy, which takes no ``key=value`` conninfo), keeping its
+    query (``?host=<socket dir>`` for the embedded server)."""
+    if not server_url.startswith(("postgresql://", "postgres://")):
+        info = psycopg.conninfo.conninfo_to_dict(server_url)
         info["dbname"] = name
         return psycopg.conninfo.make_conninfo(**info)
     head, _, query = server_url.partition("?")

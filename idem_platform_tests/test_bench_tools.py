@@ -137,3 +137,16 @@ def test_missing_shared_benchmark_and_binaries_fail_with_one_clear_line(
     monkeypatch.setenv("PGBIN", str(tmp_path))
     with pytest.raises(harness.SetupError, match="Debian's PostgreSQL binaries .* or pass --postgres URL"):
         harness.debian_postgres_bin()
+
+
+@pytest.mark.parametrize(
+    ("server", "expected"),
+    [
+        ("postgresql://bench@127.0.0.1:55432/bench", "postgresql://bench@127.0.0.1:55432/other"),
+        # The embedded server's socket URL stays a URL: Dagster's storage parses it with SQLAlchemy.
+        ("postgresql://postgres:@/postgres?host=/tmp/x/.idem/pg", "postgresql://postgres:@/other?host=/tmp/x/.idem/pg"),
+        ("host=/tmp/s dbname=postgres user=postgres", "user=postgres dbname=other host=/tmp/s"),
+    ],
+)
+def test_a_benchmark_database_url_keeps_the_servers_form(server: str, expected: str) -> None:
+    assert harness._database_url(server, "other") == expected
