@@ -110,4 +110,4 @@ def test_tables_with_rows_names_only_tables_that_hold_rows(pg_url: str, threatfe
             conn.execute("INSERT INTO idem.probe_target VALUES ('k') ON CONFLICT DO NOTHING")
         else:
             conn.execute("DROP TABLE IF EXISTS idem.probe_target")
-        assert tables_with_rows(conn, ["indicator", "probe_target", "no_such_type"]) == ({"probe_target"} if held else set())
+        assert tables_with_rows(conn, ["indicator", "probe_target", "no_such_type", "odd\"name"]) == ({"probe_target"} if held else set())

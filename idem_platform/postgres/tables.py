@@ -40,7 +40,8 @@ def tables_with_rows(conn: psycopg.Connection, record_types: list[str]) -> froze
     look per table: ``EXISTS`` stops at the first visible row)."""
     held = set()
     for record_type in record_types:
-        if conn.execute("SELECT to_regclass(%s)", [f'{SCHEMA}."{record_type}"']).fetchone()[0] is None:  # type: ignore[index]
+        name = table_ident(record_type).as_string(conn)  # quoted: a record type may hold "-" or quotes
+        if conn.execute("SELECT to_regclass(%s)", [name]).fetchone()[0] is None:  # type: ignore[index]
             continue
         query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table_ident(record_type))
         if conn.execute(query).fetchone()[0]:  # type: ignore[index]
