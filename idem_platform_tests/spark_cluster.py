@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import re
 import os
 import shutil
 import signal
@@ -431,6 +432,15 @@ def start_spark_cluster(
             # Authoritative URL: Spark silently moves to port+1 if ours was taken.
             cluster.master_url = master_url = cluster.master_state()["url"]
             break
+        except ValueError:
+            # Not JSON: another process took the UI port between free_port() and the JVM's
+            # bind (an HTML page of another Spark UI was seen here), so the master's UI moved.
+            bound = re.findall(r"Successfully started service 'MasterUI' on port (\d+)", _tail(log_dir / "master.log", 400))
+            if bound:
+                cluster.master_webui_url = f"http://127.0.0.1:{bound[-1]}"
+            if time.monotonic() > deadline:
+                fail("master web UI never answered with its JSON")
+            time.sleep(0.25)
         except OSError:
             if time.monotonic() > deadline:
                 fail("master web UI never answered")
