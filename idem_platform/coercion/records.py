@@ -42,6 +42,7 @@ from idem_platform.canonical import (
     repeated_key,
 )
 from idem_platform.catalog import TableSpec, is_safe_column_name
+from idem_platform.coercion import native
 from idem_platform.coercion.columns import convert_column
 from idem_platform.coercion.converters import json_kind
 from idem_platform.keys import MAX_KEY_LENGTH, ext_id_text, record_key
@@ -182,6 +183,14 @@ class _TableRows:
         """Take a routed record (its values are read per column in :meth:`convert`)."""
         self.rows.append(row)
         self.records.append(record)
+
+    def unknown_fields(self, record: dict[str, Any], record_type: str) -> tuple[str | None, str | None]:
+        """The just added record's unknown fields: its ``_extra`` and ``_props``, or (strict) the
+        reasons that make it a reject once its columns are converted (all its errors at once)."""
+        if self.contract == STRICT:
+            self.unknown[len(self.rows) - 1] = _unknown_field_errors(record, self.skip, record_type)
+            return None, None
+        return _unknown(record, self.skip)
 
     def convert(self, *, dynamic_values: bool) -> tuple[list[pa.Array], dict[int, list[dict[str, Any]]]]:
         """Typed arrays (one per column) and, per local row, its errors in column order."""
@@ -368,7 +377,21 @@ def _coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLine
     repeated_in_batch: list[tuple[int, int]] = []  # (input index, row of the first occurrence)
     fresh: list[tuple[bytes | None, str, int]] = []  # rows first seen in this batch
 
-    for i, raw in enumerate(raws):
+    indices: Iterator[int] | range = range(len(raws))
+    if native.enabled():
+        # The C path takes the ordinary records, appending to these same lists and dicts;
+        # this loop sees only those it hands over (see coercion/native.py).
+        plan = (
+            out_input, out_type, out_key, out_ext, out_hash, out_payload, out_extra, out_props, out_errors,
+            {name: (t.rows, t.records, routes[name][2], currents[name], t) for name, t in tables.items()},
+            fixed_type, type_field, id_field, connector, version_field, declared,
+            _shallow_fields(spec), too_long, MAX_KEY_LENGTH,
+            *((seen_lines, seen_keys, repeats.skipped, fresh) if repeats is not None else (None,) * 4),
+            repeated_in_batch, _TableRows.unknown_fields,
+        )
+        indices = native.declined(raws, plan)
+    for i in indices:
+        raw = raws[i]
         blank = not raw or raw.isspace()
         if blank:
             if lines and raw is not None:
@@ -470,14 +493,9 @@ def _coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLine
         add_row(row)
         add_record(record)
         if skip is not None and not record.keys() <= skip:  # unknown fields: rare, only they cost
-            if table.contract == STRICT:  # a reject once its columns are converted (all its errors)
-                table.unknown[len(table.rows) - 1] = _unknown_field_errors(record, skip, record_type)
-                out_extra.append(None)
-                out_props.append(None)
-            else:
-                extra, props = _unknown(record, skip)
-                out_extra.append(extra)
-                out_props.append(props)
+            extra, props = table.unknown_fields(record, record_type)
+            out_extra.append(extra)
+            out_props.append(props)
         else:
             out_extra.append(None)
             out_props.append(None)
@@ -557,6 +575,20 @@ def _coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLine
         *structs,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=spec.output_schema())
+
+
+def _shallow_fields(spec: RecordSpec) -> frozenset[str]:
+    """Fields whose values the batch never reads (the C path builds ``...`` for them, ``None``
+    if null): ``dynamic`` columns on the commit path, where PostgreSQL takes them from ``_payload``.
+    A field that is a ``dynamic`` column of one type but not of another is read: it is not here."""
+    if spec.dynamic_values:
+        return frozenset()
+    dynamic: set[str] | None = None
+    for table in spec.tables.values():
+        names = {column.name for column in table.columns if column.type.kind == "dynamic"}
+        dynamic = names if dynamic is None else dynamic & names
+    read = {spec.id_field, spec.version_field, spec.record_type_field}
+    return frozenset((dynamic or set()) - read)
 
 
 def _upgrade(

@@ -1,0 +1,1305 @@
+/*
+ * idem_platform.coercion._native: one JSON line to the contract's canonical bytes,
+ * its SHA-1 and its top-level values, in one pass of C, without building a Python
+ * object the pipeline does not read.
+ *
+ * The contract (DESIGN §2) is json.dumps(json.loads(line), sort_keys=True,
+ * separators=(",", ":"), ensure_ascii=True, allow_nan=False) with exact integers.
+ * The Python path (idem_platform.canonical) gets there through orjson's parse and
+ * sorted dump plus checks; this module writes the same bytes straight from the
+ * line's tokens. It only ever answers for lines it is sure of: anything unusual
+ * (invalid JSON or UTF-8, NUL, lone surrogates, a repeated key, a non-finite float,
+ * a huge integer, deep nesting, a top level that is not an object) returns None
+ * and the caller takes the Python path, which owns every reject and its reason.
+ *
+ * Floats: the contract writes float.__repr__. A float token without exponent, with
+ * at most 15 significant digits and 1e-4 <= |x| < 1e16 is already that repr once
+ * its fraction's trailing zeros go (15 digits round-trip through a double, so no
+ * shorter string names the same double); every other float goes through
+ * PyOS_double_to_string(x, 'r'), which is what float.__repr__ calls.
+ *
+ * Not thread-safe by design: it holds the GIL throughout and its scratch buffers
+ * are module-level.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/sha.h>
+
+#define MAX_DEPTH 200
+#define MAX_INT_DIGITS 4000
+
+enum { N_NULL, N_TRUE, N_FALSE, N_INT, N_FLOAT, N_STR, N_ARR, N_OBJ };
+
+typedef struct {
+    uint8_t kind;
+    uint8_t plain; /* N_STR: printable ASCII without escapes: the raw span is the canonical text */
+    Py_ssize_t start; /* N_STR/N_INT/N_FLOAT: offset in the line; N_ARR/N_OBJ: first entry in kids */
+    Py_ssize_t len;   /* span length; N_ARR: elements; N_OBJ: members (key, value pairs in kids) */
+} Node;
+
+typedef struct {
+    const unsigned char *s;
+    Py_ssize_t n, i;
+} Line;
+
+/* Growable scratch arrays, reused across calls. */
+static Node *nodes;
+static Py_ssize_t n_nodes, cap_nodes;
+static Py_ssize_t *kids;
+static Py_ssize_t n_kids, cap_kids;
+static Py_ssize_t *pending;
+static Py_ssize_t n_pending, cap_pending;
+static unsigned char *out;
+static Py_ssize_t n_out, cap_out;
+static unsigned char *keybuf; /* decoded (unescaped UTF-8) keys of the line; never longer than the line */
+static Py_ssize_t n_keybuf, cap_keybuf;
+static unsigned char *text; /* one decoded string value */
+static Py_ssize_t cap_text;
+
+static int grow(void **buf, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
+    if (need <= *cap)
+        return 0;
+    Py_ssize_t want = *cap ? *cap : 256;
+    while (want < need)
+        want *= 2;
+    void *bigger = realloc(*buf, (size_t)want * item);
+    if (bigger == NULL)
+        return -1;
+    *buf = bigger;
+    *cap = want;
+    return 0;
+}
+
+static Py_ssize_t new_node(uint8_t kind) {
+    if (grow((void **)&nodes, &cap_nodes, n_nodes + 1, sizeof(Node)) < 0)
+        return -1;
+    nodes[n_nodes].kind = kind;
+    nodes[n_nodes].plain = 0;
+    nodes[n_nodes].start = 0;
+    nodes[n_nodes].len = 0;
+    return n_nodes++;
+}
+
+static int push_pending(Py_ssize_t v) {
+    if (grow((void **)&pending, &cap_pending, n_pending + 1, sizeof(Py_ssize_t)) < 0)
+        return -1;
+    pending[n_pending++] = v;
+    return 0;
+}
+
+/* The children gathered since `mark` become one contiguous run of kids. */
+static Py_ssize_t close_container(Py_ssize_t mark) {
+    Py_ssize_t count = n_pending - mark;
+    if (grow((void **)&kids, &cap_kids, n_kids + count, sizeof(Py_ssize_t)) < 0)
+        return -1;
+    Py_ssize_t first = n_kids;
+    memcpy(kids + n_kids, pending + mark, (size_t)count * sizeof(Py_ssize_t));
+    n_kids += count;
+    n_pending = mark;
+    return first;
+}
+
+static inline void skip_ws(Line *l) {
+    while (l->i < l->n) {
+        unsigned char c = l->s[l->i];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
+            break;
+        l->i++;
+    }
+}
+
+static inline int is_hex(unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+static inline int hex_value(unsigned char c) {
+    if (c <= '9')
+        return c - '0';
+    return (c | 0x20) - 'a' + 10;
+}
+
+/* Bytes a string token's scan stops at: the quote, a backslash, controls, DEL and non-ASCII. */
+static unsigned char SPECIAL[256];
+
+static void init_special(void) {
+    for (int c = 0; c < 256; c++)
+        SPECIAL[c] = c == '"' || c == '\\' || c < 0x20 || c >= 0x7f;
+}
+
+/* A string token (l->i at its opening quote): syntax only; escapes and UTF-8 are
+   checked when it is decoded. */
+static Py_ssize_t parse_string(Line *l) {
+    const unsigned char *s = l->s;
+    Py_ssize_t i = l->i + 1, start = i;
+    uint8_t plain = 1;
+    for (;;) {
+        while (i < l->n && !SPECIAL[s[i]])
+            i++;
+        if (i >= l->n)
+            return -1;
+        unsigned char c = s[i];
+        if (c == '"')
+            break;
+        if (c < 0x20)
+            return -1; /* a raw control character: json refuses it */
+        if (c == '\\') {
+            plain = 0;
+            if (i + 1 >= l->n)
+                return -1;
+            unsigned char e = s[i + 1];
+            if (e == 'u') {
+                if (i + 5 >= l->n || !is_hex(s[i + 2]) || !is_hex(s[i + 3]) || !is_hex(s[i + 4]) ||
+                    !is_hex(s[i + 5]))
+                    return -1;
+                i += 6;
+                continue;
+            }
+            if (e != '"' && e != '\\' && e != '/' && e != 'b' && e != 'f' && e != 'n' && e != 'r' && e != 't')
+                return -1;
+            i += 2;
+            continue;
+        }
+        if (c >= 0x7f)
+            plain = 0;
+        i++;
+    }
+    Py_ssize_t node = new_node(N_STR);
+    if (node < 0)
+        return -1;
+    nodes[node].plain = plain;
+    nodes[node].start = start;
+    nodes[node].len = i - start;
+    l->i = i + 1;
+    return node;
+}
+
+static Py_ssize_t parse_number(Line *l) {
+    const unsigned char *s = l->s;
+    Py_ssize_t i = l->i, start = i, n = l->n;
+    int is_int = 1;
+    if (i < n && s[i] == '-')
+        i++;
+    if (i < n && s[i] == '0') {
+        i++;
+    } else if (i < n && s[i] >= '1' && s[i] <= '9') {
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+    } else {
+        return -1;
+    }
+    if (i < n && s[i] == '.') {
+        i++;
+        if (!(i < n && s[i] >= '0' && s[i] <= '9'))
+            return -1;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+        is_int = 0;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-'))
+            i++;
+        if (!(i < n && s[i] >= '0' && s[i] <= '9'))
+            return -1;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+        is_int = 0;
+    }
+    if (is_int && i - start > MAX_INT_DIGITS)
+        return -1; /* int() refuses it past sys.get_int_max_str_digits(): the Python path says so */
+    Py_ssize_t node = new_node(is_int ? N_INT : N_FLOAT);
+    if (node < 0)
+        return -1;
+    nodes[node].start = start;
+    nodes[node].len = i - start;
+    l->i = i;
+    return node;
+}
+
+static Py_ssize_t parse_value(Line *l, int depth);
+
+static Py_ssize_t parse_container(Line *l, int depth, int object) {
+    if (depth > MAX_DEPTH)
+        return -1;
+    Py_ssize_t node = new_node(object ? N_OBJ : N_ARR);
+    if (node < 0)
+        return -1;
+    Py_ssize_t mark = n_pending, count = 0;
+    unsigned char close = object ? '}' : ']';
+    l->i++;
+    skip_ws(l);
+    if (l->i < l->n && l->s[l->i] == close) {
+        l->i++;
+    } else {
+        for (;;) {
+            if (object) {
+                skip_ws(l);
+                if (l->i >= l->n || l->s[l->i] != '"')
+                    return -1;
+                Py_ssize_t key = parse_string(l);
+                if (key < 0 || push_pending(key) < 0)
+                    return -1;
+                skip_ws(l);
+                if (l->i >= l->n || l->s[l->i] != ':')
+                    return -1;
+                l->i++;
+            }
+            Py_ssize_t value = parse_value(l, depth + 1);
+            if (value < 0 || push_pending(value) < 0)
+                return -1;
+            count++;
+            skip_ws(l);
+            if (l->i >= l->n)
+                return -1;
+            unsigned char c = l->s[l->i++];
+            if (c == ',')
+                continue;
+            if (c == close)
+                break;
+            return -1;
+        }
+    }
+    Py_ssize_t first = close_container(mark);
+    if (first < 0)
+        return -1;
+    nodes[node].start = first;
+    nodes[node].len = count;
+    return node;
+}
+
+static Py_ssize_t parse_value(Line *l, int depth) {
+    skip_ws(l);
+    if (l->i >= l->n)
+        return -1;
+    unsigned char c = l->s[l->i];
+    switch (c) {
+    case '{':
+        return parse_container(l, depth, 1);
+    case '[':
+        return parse_container(l, depth, 0);
+    case '"':
+        return parse_string(l);
+    case 't':
+        if (l->n - l->i >= 4 && memcmp(l->s + l->i, "true", 4) == 0) {
+            l->i += 4;
+            return new_node(N_TRUE);
+        }
+        return -1;
+    case 'f':
+        if (l->n - l->i >= 5 && memcmp(l->s + l->i, "false", 5) == 0) {
+            l->i += 5;
+            return new_node(N_FALSE);
+        }
+        return -1;
+    case 'n':
+        if (l->n - l->i >= 4 && memcmp(l->s + l->i, "null", 4) == 0) {
+            l->i += 4;
+            return new_node(N_NULL);
+        }
+        return -1;
+    default:
+        if (c == '-' || (c >= '0' && c <= '9'))
+            return parse_number(l);
+        return -1;
+    }
+}
+
+/* ---- strings ------------------------------------------------------------------ */
+
+static inline unsigned char *put_utf8(unsigned char *d, uint32_t cp) {
+    if (cp < 0x80) {
+        *d++ = (unsigned char)cp;
+    } else if (cp < 0x800) {
+        *d++ = (unsigned char)(0xC0 | (cp >> 6));
+        *d++ = (unsigned char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        *d++ = (unsigned char)(0xE0 | (cp >> 12));
+        *d++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        *d++ = (unsigned char)(0x80 | (cp & 0x3F));
+    } else {
+        *d++ = (unsigned char)(0xF0 | (cp >> 18));
+        *d++ = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+        *d++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        *d++ = (unsigned char)(0x80 | (cp & 0x3F));
+    }
+    return d;
+}
+
+/* One UTF-8 sequence at s[0..n): its code point and length, or length 0 if it is not
+   valid UTF-8 as Python's strict decoder reads it (no overlongs, no surrogates). */
+static inline int next_utf8(const unsigned char *s, Py_ssize_t n, uint32_t *cp) {
+    unsigned char c = s[0];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    if (c >= 0xC2 && c <= 0xDF) {
+        if (n < 2 || (s[1] & 0xC0) != 0x80)
+            return 0;
+        *cp = ((uint32_t)(c & 0x1F) << 6) | (s[1] & 0x3F);
+        return 2;
+    }
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80)
+            return 0;
+        if (c == 0xE0 && s[1] < 0xA0)
+            return 0;
+        if (c == 0xED && s[1] > 0x9F)
+            return 0;
+        *cp = ((uint32_t)(c & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
+        return 3;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80)
+            return 0;
+        if (c == 0xF0 && s[1] < 0x90)
+            return 0;
+        if (c == 0xF4 && s[1] > 0x8F)
+            return 0;
+        *cp = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) | ((uint32_t)(s[2] & 0x3F) << 6) |
+              (s[3] & 0x3F);
+        return 4;
+    }
+    return 0;
+}
+
+static inline uint32_t hex4(const unsigned char *s) {
+    return (uint32_t)(hex_value(s[0]) << 12 | hex_value(s[1]) << 8 | hex_value(s[2]) << 4 | hex_value(s[3]));
+}
+
+/* A string token's text, unescaped, as UTF-8 into d (room for len bytes: never more).
+   -1: invalid UTF-8, a lone surrogate or NUL (rejects the Python path words). */
+static Py_ssize_t decode_string(const unsigned char *s, Py_ssize_t len, unsigned char *d) {
+    unsigned char *start = d;
+    Py_ssize_t i = 0;
+    while (i < len) {
+        unsigned char c = s[i];
+        if (c == '\\') {
+            unsigned char e = s[i + 1];
+            switch (e) {
+            case '"': *d++ = '"'; i += 2; continue;
+            case '\\': *d++ = '\\'; i += 2; continue;
+            case '/': *d++ = '/'; i += 2; continue;
+            case 'b': *d++ = '\b'; i += 2; continue;
+            case 'f': *d++ = '\f'; i += 2; continue;
+            case 'n': *d++ = '\n'; i += 2; continue;
+            case 'r': *d++ = '\r'; i += 2; continue;
+            case 't': *d++ = '\t'; i += 2; continue;
+            default: break; /* 'u': the parser let nothing else through */
+            }
+            uint32_t cp = hex4(s + i + 2);
+            i += 6;
+            if (cp == 0)
+                return -1;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (i + 6 > len || s[i] != '\\' || s[i + 1] != 'u')
+                    return -1;
+                uint32_t low = hex4(s + i + 2);
+                if (low < 0xDC00 || low > 0xDFFF)
+                    return -1;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+                i += 6;
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                return -1;
+            }
+            d = put_utf8(d, cp);
+            continue;
+        }
+        if (c < 0x80) {
+            *d++ = c;
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int k = next_utf8(s + i, len - i, &cp);
+        if (k == 0)
+            return -1;
+        memcpy(d, s + i, (size_t)k);
+        d += k;
+        i += k;
+    }
+    return d - start;
+}
+
+static int reserve_out(Py_ssize_t more) {
+    return grow((void **)&out, &cap_out, n_out + more, 1);
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+static inline unsigned char *put_u_escape(unsigned char *d, uint32_t unit) {
+    d[0] = '\\';
+    d[1] = 'u';
+    d[2] = (unsigned char)HEX[(unit >> 12) & 0xF];
+    d[3] = (unsigned char)HEX[(unit >> 8) & 0xF];
+    d[4] = (unsigned char)HEX[(unit >> 4) & 0xF];
+    d[5] = (unsigned char)HEX[unit & 0xF];
+    return d + 6;
+}
+
+/* Decoded UTF-8 text as json.dumps(ensure_ascii=True) writes a string. */
+static int emit_text(const unsigned char *t, Py_ssize_t len) {
+    if (reserve_out(len * 12 + 2) < 0) /* at worst every 4-byte character becomes 12 bytes */
+        return -1;
+    unsigned char *d = out + n_out;
+    *d++ = '"';
+    Py_ssize_t i = 0;
+    while (i < len) {
+        unsigned char c = t[i];
+        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+            *d++ = c;
+            i++;
+            continue;
+        }
+        if (c < 0x80) {
+            i++;
+            switch (c) {
+            case '"': *d++ = '\\'; *d++ = '"'; break;
+            case '\\': *d++ = '\\'; *d++ = '\\'; break;
+            case '\n': *d++ = '\\'; *d++ = 'n'; break;
+            case '\r': *d++ = '\\'; *d++ = 'r'; break;
+            case '\t': *d++ = '\\'; *d++ = 't'; break;
+            case '\b': *d++ = '\\'; *d++ = 'b'; break;
+            case '\f': *d++ = '\\'; *d++ = 'f'; break;
+            default: d = put_u_escape(d, c); break; /* other controls and DEL */
+            }
+            continue;
+        }
+        uint32_t cp;
+        int k = next_utf8(t + i, len - i, &cp); /* valid: decode_string checked it */
+        i += k;
+        if (cp >= 0x10000) {
+            cp -= 0x10000;
+            d = put_u_escape(d, 0xD800 + (cp >> 10));
+            d = put_u_escape(d, 0xDC00 + (cp & 0x3FF));
+        } else {
+            d = put_u_escape(d, cp);
+        }
+    }
+    *d++ = '"';
+    n_out = d - out;
+    return 0;
+}
+
+static int ensure_text(Py_ssize_t len) {
+    return grow((void **)&text, &cap_text, len + 1, 1);
+}
+
+/* ---- numbers ------------------------------------------------------------------ */
+
+/* The canonical text of a float token if the short rule (see the top) covers it: 1, else 0. */
+static int short_float(const unsigned char *s, Py_ssize_t len) {
+    Py_ssize_t i = 0, dot = -1;
+    if (s[0] == '-')
+        i = 1;
+    for (Py_ssize_t j = i; j < len; j++) {
+        if (s[j] == '.')
+            dot = j;
+        else if (s[j] < '0' || s[j] > '9')
+            return 0; /* an exponent */
+    }
+    if (dot < 0)
+        return 0;
+    Py_ssize_t end = len;
+    while (end > dot + 2 && s[end - 1] == '0')
+        end--; /* the fraction's trailing zeros, keeping one digit */
+    Py_ssize_t int_digits = dot - i;
+    Py_ssize_t first = -1; /* first significant digit */
+    for (Py_ssize_t j = i; j < end; j++) {
+        if (s[j] != '.' && s[j] != '0') {
+            first = j;
+            break;
+        }
+    }
+    if (first < 0) { /* zero: "0.0" or "-0.0" */
+        if (reserve_out(4) < 0)
+            return -1;
+        if (s[0] == '-')
+            out[n_out++] = '-';
+        memcpy(out + n_out, "0.0", 3);
+        n_out += 3;
+        return 1;
+    }
+    Py_ssize_t last = end - 1;
+    while (s[last] == '0' || s[last] == '.')
+        last--;
+    Py_ssize_t sig = last - first + 1 - (first < dot && last > dot ? 1 : 0);
+    if (sig > 15 || int_digits > 16)
+        return 0;
+    if (first > dot && first - dot - 1 > 3)
+        return 0; /* below 1e-4: repr writes an exponent */
+    if (reserve_out(end) < 0)
+        return -1;
+    memcpy(out + n_out, s, (size_t)end);
+    n_out += end;
+    return 1;
+}
+
+static char numbuf[MAX_INT_DIGITS + 64];
+
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+static double token_double(const unsigned char *s, Py_ssize_t len, int *ok) {
+    /* At most 15 digits and no exponent: the digits as an integer and 10^k are both
+       exact doubles, and IEEE division rounds their quotient correctly, as strtod does. */
+    if (len <= 17) {
+        Py_ssize_t i = s[0] == '-' ? 1 : 0, digits = 0, frac = -1;
+        uint64_t m = 0;
+        for (; i < len; i++) {
+            unsigned char c = s[i];
+            if (c == '.') {
+                frac = 0;
+                continue;
+            }
+            if (c < '0' || c > '9')
+                break;
+            m = m * 10 + (c - '0');
+            digits++;
+            if (frac >= 0)
+                frac++;
+        }
+        if (i == len && digits <= 15) {
+            double x = (double)m / POW10[frac > 0 ? frac : 0];
+            *ok = 1;
+            return s[0] == '-' ? -x : x;
+        }
+    }
+    *ok = 0;
+    if (len >= (Py_ssize_t)sizeof(numbuf))
+        return 0.0;
+    memcpy(numbuf, s, (size_t)len);
+    numbuf[len] = '\0';
+    char *end = NULL;
+    double x = PyOS_string_to_double(numbuf, &end, NULL);
+    if (x == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0.0;
+    }
+    if (end != numbuf + len || !isfinite(x))
+        return 0.0;
+    *ok = 1;
+    return x;
+}
+
+static int emit_float(const unsigned char *s, Py_ssize_t len) {
+    int done = short_float(s, len);
+    if (done != 0)
+        return done < 0 ? -1 : 0;
+    int ok;
+    double x = token_double(s, len, &ok);
+    if (!ok)
+        return -1; /* inf (1e400) or unreadable: the Python path rejects it */
+    char *repr = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (repr == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t k = (Py_ssize_t)strlen(repr);
+    if (reserve_out(k) < 0) {
+        PyMem_Free(repr);
+        return -1;
+    }
+    memcpy(out + n_out, repr, (size_t)k);
+    n_out += k;
+    PyMem_Free(repr);
+    return 0;
+}
+
+/* ---- the canonical form ------------------------------------------------------- */
+
+typedef struct {
+    const unsigned char *key; /* decoded UTF-8: byte order is code point order, str's order */
+    Py_ssize_t len;
+    Py_ssize_t member; /* index of the key node in kids */
+} Member;
+
+static Member *members;
+static Py_ssize_t cap_members;
+
+static int member_cmp(const void *a, const void *b) {
+    const Member *x = a, *y = b;
+    Py_ssize_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->key, y->key, (size_t)n);
+    if (c != 0)
+        return c;
+    return (x->len > y->len) - (x->len < y->len);
+}
+
+static const unsigned char *line_bytes;
+
+/* A key's decoded text: the raw span if plain, else decoded into keybuf. */
+static int key_text(Py_ssize_t node, const unsigned char **key, Py_ssize_t *len) {
+    Node *k = &nodes[node];
+    if (k->plain) {
+        *key = line_bytes + k->start;
+        *len = k->len;
+        return 0;
+    }
+    Py_ssize_t got = decode_string(line_bytes + k->start, k->len, keybuf + n_keybuf);
+    if (got < 0)
+        return -1;
+    *key = keybuf + n_keybuf;
+    *len = got;
+    n_keybuf += got;
+    return 0;
+}
+
+static int emit(Py_ssize_t node);
+
+static int emit_string_node(Node *v) {
+    if (v->plain) {
+        if (reserve_out(v->len + 2) < 0)
+            return -1;
+        out[n_out++] = '"';
+        memcpy(out + n_out, line_bytes + v->start, (size_t)v->len);
+        n_out += v->len;
+        out[n_out++] = '"';
+        return 0;
+    }
+    if (ensure_text(v->len) < 0)
+        return -1;
+    Py_ssize_t got = decode_string(line_bytes + v->start, v->len, text);
+    if (got < 0)
+        return -1;
+    return emit_text(text, got);
+}
+
+static int emit_object(Node *v) {
+    Py_ssize_t count = v->len, first = v->start;
+    if (count == 0) {
+        if (reserve_out(2) < 0)
+            return -1;
+        out[n_out++] = '{';
+        out[n_out++] = '}';
+        return 0;
+    }
+    /* members is shared by every level: this object's run sits above its parents'. */
+    static Py_ssize_t used = 0;
+    Py_ssize_t base = used;
+    if (grow((void **)&members, &cap_members, base + count, sizeof(Member)) < 0)
+        return -1;
+    for (Py_ssize_t m = 0; m < count; m++) {
+        Member *mm = &members[base + m];
+        mm->member = first + 2 * m;
+        if (key_text(kids[first + 2 * m], &mm->key, &mm->len) < 0)
+            return -1;
+    }
+    Member *run = members + base;
+    if (count > 1) {
+        if (count <= 16) {
+            for (Py_ssize_t a = 1; a < count; a++) {
+                Member t = run[a];
+                Py_ssize_t b = a;
+                while (b > 0 && member_cmp(&run[b - 1], &t) > 0) {
+                    run[b] = run[b - 1];
+                    b--;
+                }
+                run[b] = t;
+            }
+        } else {
+            qsort(run, (size_t)count, sizeof(Member), member_cmp);
+        }
+        for (Py_ssize_t a = 1; a < count; a++)
+            if (member_cmp(&run[a - 1], &run[a]) == 0)
+                return -1; /* a repeated key: a reject the Python path words */
+    }
+    used = base + count;
+    int status = 0;
+    if (reserve_out(1) < 0) {
+        status = -1;
+        goto done;
+    }
+    out[n_out++] = '{';
+    for (Py_ssize_t m = 0; m < count; m++) {
+        run = members + base; /* emit() may have grown members */
+        Py_ssize_t at = run[m].member;
+        Node *key = &nodes[kids[at]];
+        if (key->plain) {
+            if (emit_string_node(key) < 0) {
+                status = -1;
+                goto done;
+            }
+        } else if (emit_text(run[m].key, run[m].len) < 0) {
+            status = -1;
+            goto done;
+        }
+        if (reserve_out(1) < 0) {
+            status = -1;
+            goto done;
+        }
+        out[n_out++] = ':';
+        if (emit(kids[at + 1]) < 0) {
+            status = -1;
+            goto done;
+        }
+        if (reserve_out(1) < 0) {
+            status = -1;
+            goto done;
+        }
+        out[n_out++] = m + 1 < count ? ',' : '}';
+    }
+done:
+    used = base;
+    return status;
+}
+
+static int emit(Py_ssize_t node) {
+    Node *v = &nodes[node];
+    switch (v->kind) {
+    case N_NULL:
+    case N_TRUE:
+    case N_FALSE: {
+        const char *word = v->kind == N_NULL ? "null" : v->kind == N_TRUE ? "true" : "false";
+        Py_ssize_t k = v->kind == N_FALSE ? 5 : 4;
+        if (reserve_out(k) < 0)
+            return -1;
+        memcpy(out + n_out, word, (size_t)k);
+        n_out += k;
+        return 0;
+    }
+    case N_INT: {
+        const unsigned char *s = line_bytes + v->start;
+        if (v->len == 2 && s[0] == '-' && s[1] == '0') { /* int("-0") is 0 */
+            if (reserve_out(1) < 0)
+                return -1;
+            out[n_out++] = '0';
+            return 0;
+        }
+        if (reserve_out(v->len) < 0)
+            return -1;
+        memcpy(out + n_out, s, (size_t)v->len);
+        n_out += v->len;
+        return 0;
+    }
+    case N_FLOAT:
+        return emit_float(line_bytes + v->start, v->len);
+    case N_STR:
+        return emit_string_node(v);
+    case N_ARR: {
+        if (reserve_out(1) < 0)
+            return -1;
+        out[n_out++] = '[';
+        Py_ssize_t count = v->len, first = v->start;
+        for (Py_ssize_t e = 0; e < count; e++) {
+            if (e) {
+                if (reserve_out(1) < 0)
+                    return -1;
+                out[n_out++] = ',';
+            }
+            if (emit(kids[first + e]) < 0)
+                return -1;
+        }
+        if (reserve_out(1) < 0)
+            return -1;
+        out[n_out++] = ']';
+        return 0;
+    }
+    default:
+        return emit_object(v);
+    }
+}
+
+/* ---- Python values ------------------------------------------------------------ */
+
+static PyObject *value_of(Py_ssize_t node);
+
+/* Object keys repeat from record to record: plain short ones are made once and
+   reused (with their cached hash), as orjson does. Direct-mapped; a clash replaces. */
+#define KEY_SLOTS 1024
+#define KEY_MAX 48
+typedef struct {
+    Py_ssize_t len;
+    unsigned char bytes[KEY_MAX];
+    PyObject *str;
+} KeySlot;
+static KeySlot key_slots[KEY_SLOTS];
+
+static PyObject *key_of(Node *v) {
+    if (!v->plain || v->len > KEY_MAX)
+        return NULL;
+    const unsigned char *s = line_bytes + v->start;
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t i = 0; i < v->len; i++)
+        h = (h ^ s[i]) * 16777619u;
+    KeySlot *slot = &key_slots[(h ^ (h >> 16)) & (KEY_SLOTS - 1)];
+    if (slot->str != NULL && slot->len == v->len && memcmp(slot->bytes, s, (size_t)v->len) == 0) {
+        Py_INCREF(slot->str);
+        return slot->str;
+    }
+    PyObject *str = PyUnicode_DecodeASCII((const char *)s, v->len, NULL);
+    if (str == NULL)
+        return NULL;
+    if (PyObject_Hash(str) == -1) {
+        Py_DECREF(str);
+        return NULL;
+    }
+    Py_XSETREF(slot->str, str);
+    Py_INCREF(str);
+    slot->len = v->len;
+    memcpy(slot->bytes, s, (size_t)v->len);
+    return str;
+}
+
+static PyObject *string_of(Node *v) {
+    if (v->plain)
+        return PyUnicode_DecodeASCII((const char *)line_bytes + v->start, v->len, NULL);
+    if (ensure_text(v->len) < 0)
+        return PyErr_NoMemory();
+    Py_ssize_t got = decode_string(line_bytes + v->start, v->len, text);
+    if (got < 0) { /* cannot happen: the canonical pass decoded it already */
+        PyErr_SetString(PyExc_ValueError, "undecodable string");
+        return NULL;
+    }
+    return PyUnicode_DecodeUTF8((const char *)text, got, NULL);
+}
+
+static PyObject *int_of(const unsigned char *s, Py_ssize_t len) {
+    if (len <= 18) {
+        long long x = 0;
+        Py_ssize_t i = s[0] == '-' ? 1 : 0;
+        for (Py_ssize_t j = i; j < len; j++)
+            x = x * 10 + (s[j] - '0');
+        return PyLong_FromLongLong(i ? -x : x);
+    }
+    memcpy(numbuf, s, (size_t)len);
+    numbuf[len] = '\0';
+    return PyLong_FromString(numbuf, NULL, 10);
+}
+
+static PyObject *value_of(Py_ssize_t node) {
+    Node *v = &nodes[node];
+    switch (v->kind) {
+    case N_NULL:
+        Py_RETURN_NONE;
+    case N_TRUE:
+        Py_RETURN_TRUE;
+    case N_FALSE:
+        Py_RETURN_FALSE;
+    case N_INT:
+        return int_of(line_bytes + v->start, v->len);
+    case N_FLOAT: {
+        int ok;
+        double x = token_double(line_bytes + v->start, v->len, &ok);
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "unreadable float");
+            return NULL;
+        }
+        return PyFloat_FromDouble(x);
+    }
+    case N_STR:
+        return string_of(v);
+    case N_ARR: {
+        PyObject *list = PyList_New(v->len);
+        if (list == NULL)
+            return NULL;
+        for (Py_ssize_t e = 0; e < v->len; e++) {
+            PyObject *item = value_of(kids[v->start + e]);
+            if (item == NULL) {
+                Py_DECREF(list);
+                return NULL;
+            }
+            PyList_SET_ITEM(list, e, item);
+        }
+        return list;
+    }
+    default: {
+        PyObject *dict = PyDict_New();
+        if (dict == NULL)
+            return NULL;
+        for (Py_ssize_t m = 0; m < v->len; m++) {
+            Py_ssize_t at = v->start + 2 * m;
+            Node *k = &nodes[kids[at]];
+            PyObject *key = key_of(k);
+            if (key == NULL && !PyErr_Occurred())
+                key = string_of(k);
+            PyObject *item = key ? value_of(kids[at + 1]) : NULL;
+            if (item == NULL || PyDict_SetItem(dict, key, item) < 0) {
+                Py_XDECREF(key);
+                Py_XDECREF(item);
+                Py_DECREF(dict);
+                return NULL;
+            }
+            Py_DECREF(key);
+            Py_DECREF(item);
+        }
+        return dict;
+    }
+    }
+}
+
+/* ---- SHA-1 ---------------------------------------------------------------------- */
+
+/* OpenSSL's block function (SHA-NI where the CPU has it): the low-level calls, since
+   OpenSSL 3's one-shot SHA1() fetches the algorithm on every call. */
+static void sha1_hex(const unsigned char *data, Py_ssize_t len, char hex[40]) {
+    unsigned char md[SHA_DIGEST_LENGTH];
+    SHA_CTX ctx;
+    SHA1_Init(&ctx);
+    SHA1_Update(&ctx, data, (size_t)len);
+    SHA1_Final(md, &ctx);
+    for (int b = 0; b < SHA_DIGEST_LENGTH; b++) {
+        hex[2 * b] = HEX[md[b] >> 4];
+        hex[2 * b + 1] = HEX[md[b] & 0xF];
+    }
+}
+
+/* ---- one line ------------------------------------------------------------------ */
+
+/* The line's record (a dict), canonical bytes and SHA-1 hex: 1; the Python path must
+   decide: 0; a Python error (memory): -1. See canonical_line for `shallow`. */
+static int read_line(const unsigned char *s, Py_ssize_t len, PyObject *shallow, PyObject **record_out,
+                        PyObject **canonical_out, PyObject **digest_out) {
+    Line l = {s, len, 0};
+    line_bytes = s;
+    n_nodes = n_kids = n_pending = n_out = n_keybuf = 0;
+    if (grow((void **)&keybuf, &cap_keybuf, len + 1, 1) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    skip_ws(&l);
+    if (l.i >= l.n || l.s[l.i] != '{')
+        return 0;
+    Py_ssize_t top = parse_value(&l, 1);
+    if (top < 0)
+        return PyErr_Occurred() ? -1 : 0;
+    skip_ws(&l);
+    if (l.i != l.n)
+        return 0;
+    if (emit(top) < 0)
+        return PyErr_Occurred() ? -1 : 0;
+    char hex[40];
+    sha1_hex(out, n_out, hex);
+    PyObject *canonical = PyBytes_FromStringAndSize((const char *)out, n_out);
+    PyObject *digest = PyUnicode_FromStringAndSize(hex, 40);
+    PyObject *record = PyDict_New();
+    if (canonical == NULL || digest == NULL || record == NULL)
+        goto fail;
+    int any_shallow = PySet_GET_SIZE(shallow) > 0;
+    for (Py_ssize_t m = 0; m < nodes[top].len; m++) {
+        Py_ssize_t at = nodes[top].start + 2 * m;
+        Node *k = &nodes[kids[at]];
+        PyObject *key = key_of(k);
+        if (key == NULL && !PyErr_Occurred())
+            key = string_of(k);
+        if (key == NULL)
+            goto fail;
+        int is_shallow = any_shallow ? PySet_Contains(shallow, key) : 0;
+        PyObject *item;
+        if (is_shallow < 0) {
+            item = NULL;
+        } else if (is_shallow) {
+            item = nodes[kids[at + 1]].kind == N_NULL ? Py_None : Py_Ellipsis;
+            Py_INCREF(item);
+        } else {
+            item = value_of(kids[at + 1]);
+        }
+        if (item == NULL || PyDict_SetItem(record, key, item) < 0) {
+            Py_DECREF(key);
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(key);
+        Py_DECREF(item);
+    }
+    *record_out = record;
+    *canonical_out = canonical;
+    *digest_out = digest;
+    return 1;
+fail:
+    Py_XDECREF(record);
+    Py_XDECREF(digest);
+    Py_XDECREF(canonical);
+    return -1;
+}
+
+/* ---- the entry points ---------------------------------------------------------- */
+
+PyDoc_STRVAR(canonical_line_doc,
+             "canonical_line(line: bytes, shallow: frozenset[str]) -> tuple[dict, bytes, str] | None\n\n"
+             "The line's top-level object as a dict, its canonical bytes (DESIGN 2) and their SHA-1\n"
+             "in hex; None whenever the Python path must decide (it owns every reject). Top-level\n"
+             "fields named in `shallow` hold None if null and Ellipsis otherwise (the caller never\n"
+             "reads their values); all other values are built as json.loads builds them.");
+
+static PyObject *canonical_line(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    PyObject *shallow;
+    if (!PyArg_ParseTuple(args, "y*O!", &buf, &PyFrozenSet_Type, &shallow))
+        return NULL;
+    PyObject *record, *canonical, *digest;
+    int got = read_line((const unsigned char *)buf.buf, buf.len, shallow, &record, &canonical, &digest);
+    PyBuffer_Release(&buf);
+    if (got < 0)
+        return NULL;
+    if (got == 0)
+        Py_RETURN_NONE;
+    PyObject *result = PyTuple_Pack(3, record, canonical, digest);
+    Py_DECREF(record);
+    Py_DECREF(canonical);
+    Py_DECREF(digest);
+    return result;
+}
+
+/* skipped[record_type] += 1 (RepeatedLines.count). */
+static int count_repeat(PyObject *skipped, PyObject *record_type) {
+    PyObject *had = PyDict_GetItemWithError(skipped, record_type);
+    if (had == NULL && PyErr_Occurred())
+        return -1;
+    Py_ssize_t count = 0;
+    if (had != NULL && (count = PyLong_AsSsize_t(had)) == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *now = PyLong_FromSsize_t(count + 1);
+    if (now == NULL)
+        return -1;
+    int status = PyDict_SetItem(skipped, record_type, now);
+    Py_DECREF(now);
+    return status;
+}
+
+/* A record already met in this batch (its row, an int) or an earlier one (its record
+   type): noted as records.py notes it. */
+static int note_repeat(PyObject *known, Py_ssize_t i, PyObject *in_batch, PyObject *skipped) {
+    if (PyLong_CheckExact(known)) {
+        PyObject *pair = Py_BuildValue("(nO)", i, known);
+        if (pair == NULL)
+            return -1;
+        int status = PyList_Append(in_batch, pair);
+        Py_DECREF(pair);
+        return status;
+    }
+    return count_repeat(skipped, known);
+}
+
+static int append_steal(PyObject *list, PyObject *item) {
+    if (item == NULL)
+        return -1;
+    int status = PyList_Append(list, item);
+    Py_DECREF(item);
+    return status;
+}
+
+/* Whether an external id can go into a key as it is: printable ASCII (else records.py
+   hashes it into the key). */
+static int plain_id(PyObject *ext_id) {
+    if (!PyUnicode_IS_ASCII(ext_id))
+        return 0;
+    const unsigned char *c = PyUnicode_1BYTE_DATA(ext_id);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(ext_id);
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (c[j] < 0x20 || c[j] > 0x7e)
+            return 0;
+    return 1;
+}
+
+PyDoc_STRVAR(coerce_lines_doc,
+             "coerce_lines(raws: list, start: int, plan: tuple) -> int\n\n"
+             "Run records.py's per-record loop over raws[start:] for the records it is sure of,\n"
+             "appending to the batch's lists and dicts held by `plan` (see native.NativePlan);\n"
+             "return the index of the first record the Python loop must take (len(raws) at the end).");
+
+static PyObject *coerce_lines(PyObject *self, PyObject *args) {
+    PyObject *raws, *plan;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!nO!", &PyList_Type, &raws, &start, &PyTuple_Type, &plan))
+        return NULL;
+    PyObject *out_input, *out_type, *out_key, *out_ext, *out_hash, *out_payload, *out_extra, *out_props,
+        *out_errors, *routes, *fixed_type, *type_field, *id_field, *connector, *version_field, *declared,
+        *shallow, *too_long, *seen_lines, *seen_keys, *skipped, *fresh, *in_batch, *on_unknown;
+    Py_ssize_t max_key;
+    if (!PyArg_ParseTuple(plan, "O!O!O!O!O!O!O!O!O!O!OOUUUOO!O!nOOOOO!O:NativePlan", &PyList_Type, &out_input,
+                          &PyList_Type, &out_type, &PyList_Type, &out_key, &PyList_Type, &out_ext, &PyList_Type,
+                          &out_hash, &PyList_Type, &out_payload, &PyList_Type, &out_extra, &PyList_Type, &out_props,
+                          &PyList_Type, &out_errors, &PyDict_Type, &routes, &fixed_type, &type_field, &id_field,
+                          &connector, &version_field, &declared, &PyFrozenSet_Type, &shallow, &PySet_Type,
+                          &too_long, &max_key, &seen_lines, &seen_keys, &skipped, &fresh, &PyList_Type, &in_batch,
+                          &on_unknown))
+        return NULL;
+    int repeats = seen_lines != Py_None;
+    Py_ssize_t n = PyList_GET_SIZE(raws), i;
+    for (i = start; i < n; i++) {
+        PyObject *raw = PyList_GET_ITEM(raws, i);
+        if (!PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) == 0)
+            break; /* no value, or blank */
+        const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(raw);
+        Py_ssize_t size = PyBytes_GET_SIZE(raw);
+        Py_ssize_t lead = 0;
+        while (lead < size && (bytes[lead] == ' ' || bytes[lead] == '\t' || bytes[lead] == '\n' || bytes[lead] == '\r'))
+            lead++;
+        if (lead == size || bytes[lead] != '{')
+            break; /* blank, or not an object: the Python loop words it */
+        if (repeats) {
+            PyObject *known = PyDict_GetItemWithError(seen_lines, raw);
+            if (known != NULL) {
+                if (note_repeat(known, i, in_batch, skipped) < 0)
+                    return NULL;
+                continue;
+            }
+            if (PyErr_Occurred())
+                return NULL;
+        }
+        if (PySet_GET_SIZE(too_long)) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            int over = index ? PySet_Contains(too_long, index) : -1;
+            Py_XDECREF(index);
+            if (over < 0)
+                return NULL;
+            if (over)
+                break;
+        }
+        PyObject *record, *canonical, *digest;
+        int got = read_line(bytes, size, shallow, &record, &canonical, &digest);
+        if (got < 0)
+            return NULL;
+        if (got == 0)
+            break;
+        PyObject *key = NULL, *unknown = NULL;
+        int ok = 0; /* 1: taken; 0: the Python loop decides; -1: error */
+        PyObject *record_type = fixed_type;
+        if (record_type == Py_None) {
+            record_type = PyDict_GetItemWithError(record, type_field);
+            if (record_type == NULL) {
+                ok = PyErr_Occurred() ? -1 : 0;
+                goto done;
+            }
+        }
+        if (!PyUnicode_CheckExact(record_type))
+            goto done;
+        PyObject *route = PyDict_GetItemWithError(routes, record_type);
+        if (route == NULL) {
+            ok = PyErr_Occurred() ? -1 : 0;
+            goto done;
+        }
+        PyObject *ext_id = PyDict_GetItemWithError(record, id_field);
+        if (ext_id == NULL) {
+            ok = PyErr_Occurred() ? -1 : 0;
+            goto done;
+        }
+        if (!PyUnicode_CheckExact(ext_id) || PyUnicode_GET_LENGTH(ext_id) == 0 || !plain_id(ext_id))
+            goto done;
+        /* route: (rows, records, known field names or None, current schema version, table) */
+        PyObject *rows = PyTuple_GET_ITEM(route, 0), *records = PyTuple_GET_ITEM(route, 1);
+        PyObject *known_fields = PyTuple_GET_ITEM(route, 2), *current = PyTuple_GET_ITEM(route, 3);
+        int has_unknown = 0;
+        PyObject *version = PyDict_GetItemWithError(record, version_field);
+        if (version == NULL && PyErr_Occurred()) {
+            ok = -1;
+            goto done;
+        }
+        if (version == NULL)
+            version = declared;
+        if (version != Py_None) {
+            if (!PyLong_CheckExact(version))
+                goto done;
+            int same = PyObject_RichCompareBool(version, current, Py_EQ);
+            if (same <= 0) {
+                ok = same;
+                goto done;
+            }
+        } else if (declared != Py_None) {
+            goto done; /* "schema_version": null states nothing: the connector's applies */
+        }
+        if (known_fields != Py_None) {
+            Py_ssize_t pos = 0;
+            PyObject *name, *value;
+            while (PyDict_Next(record, &pos, &name, &value)) {
+                int has = PySet_Contains(known_fields, name);
+                if (has < 0) {
+                    ok = -1;
+                    goto done;
+                }
+                if (has == 0) {
+                    has_unknown = 1; /* _extra and _props, or a strict reject: on_unknown says */
+                    break;
+                }
+            }
+        }
+        key = PyUnicode_FromFormat("%U:%U:%U:%.12s", connector, record_type, ext_id, PyUnicode_AsUTF8(digest));
+        if (key == NULL) {
+            ok = -1;
+            goto done;
+        }
+        if (PyUnicode_GET_LENGTH(key) > max_key)
+            goto done;
+        Py_ssize_t row = PyList_GET_SIZE(out_input);
+        if (repeats) {
+            PyObject *known = PyDict_GetItemWithError(seen_keys, key);
+            if (known != NULL) {
+                ok = note_repeat(known, i, in_batch, skipped) < 0 ? -1 : 2;
+                goto done;
+            }
+            if (PyErr_Occurred()) {
+                ok = -1;
+                goto done;
+            }
+            PyObject *at = PyLong_FromSsize_t(row);
+            if (at == NULL || PyDict_SetItem(seen_keys, key, at) < 0 || PyDict_SetItem(seen_lines, raw, at) < 0) {
+                Py_XDECREF(at);
+                ok = -1;
+                goto done;
+            }
+            if (append_steal(fresh, PyTuple_Pack(3, raw, key, at)) < 0) {
+                Py_DECREF(at);
+                ok = -1;
+                goto done;
+            }
+            Py_DECREF(at);
+        }
+        if (append_steal(rows, PyLong_FromSsize_t(row)) < 0 || PyList_Append(records, record) < 0) {
+            ok = -1;
+            goto done;
+        }
+        if (has_unknown) { /* after the row is the table's: a strict table notes its local index */
+            unknown = PyObject_CallFunctionObjArgs(on_unknown, PyTuple_GET_ITEM(route, 4), record, record_type, NULL);
+            if (unknown == NULL || !PyTuple_CheckExact(unknown) || PyTuple_GET_SIZE(unknown) != 2) {
+                if (unknown != NULL)
+                    PyErr_SetString(PyExc_TypeError, "on_unknown must return (extra, props)");
+                ok = -1;
+                goto done;
+            }
+        }
+        if (PyList_Append(out_extra, unknown ? PyTuple_GET_ITEM(unknown, 0) : Py_None) < 0 ||
+            PyList_Append(out_props, unknown ? PyTuple_GET_ITEM(unknown, 1) : Py_None) < 0 ||
+            append_steal(out_input, PyLong_FromSsize_t(i)) < 0 || PyList_Append(out_type, record_type) < 0 ||
+            PyList_Append(out_key, key) < 0 || PyList_Append(out_ext, ext_id) < 0 ||
+            PyList_Append(out_hash, digest) < 0 || PyList_Append(out_payload, canonical) < 0 ||
+            PyList_Append(out_errors, Py_None) < 0) {
+            ok = -1;
+            goto done;
+        }
+        ok = 1;
+    done:
+        Py_XDECREF(unknown);
+        Py_XDECREF(key);
+        Py_DECREF(record);
+        Py_DECREF(canonical);
+        Py_DECREF(digest);
+        if (ok < 0)
+            return NULL;
+        if (ok == 0)
+            break;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
+static PyMethodDef methods[] = {
+    {"canonical_line", canonical_line, METH_VARARGS, canonical_line_doc},
+    {"coerce_lines", coerce_lines, METH_VARARGS, coerce_lines_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "A JSON line to its canonical bytes, SHA-1 and values in C (see idem_platform.coercion.native).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    init_special();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,57 @@
+"""The per-record loop's C path: the records it is sure of, in C; every other one in Python.
+
+:func:`~idem_platform.coercion.records.coerce_batch` spends ~17 µs of Python per
+threat-feed record: orjson's parse and sorted dump, the checks that make orjson's
+output the contract's bytes, SHA-1, routing, the key, and a dozen appends. The
+extension ``_native`` (``_native.c``, built by ``pip install`` when a C compiler
+and OpenSSL's headers are there; optional) does all of that for the ordinary
+record in one pass over its bytes and appends to the very lists and dicts the
+Python loop uses. It hands a record back to the Python loop, untouched, whenever
+the Python loop could answer differently or words a reject: blank or non-object
+lines, anything its strict parser doubts (invalid JSON or UTF-8, NUL, lone
+surrogates, repeated keys, non-finite floats, huge integers, deep nesting), a
+record type, id, schema version or key that is not the plain kind, unknown fields.
+So the Python loop stays the definition; the C path is a shortcut that must agree
+with it byte for byte, which ``idem_platform_tests/test_native.py`` checks on
+generated records and the spec vectors.
+
+``IDEM_NATIVE=0`` in the environment turns it off (the Python path alone).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_coerce_lines: Callable[[list[Any], int, tuple[Any, ...]], int] | None
+canonical_line: Callable[[bytes, frozenset[str]], tuple[dict[str, Any], bytes, str] | None] | None
+try:
+    from idem_platform.coercion._native import canonical_line
+    from idem_platform.coercion._native import coerce_lines as _coerce_lines
+except ImportError:  # no compiler at install time: the Python path alone
+    canonical_line = _coerce_lines = None
+
+AVAILABLE = _coerce_lines is not None
+
+
+def enabled() -> bool:
+    """Whether batches take the C path (built, and not turned off by ``IDEM_NATIVE=0``)."""
+    return AVAILABLE and os.environ.get("IDEM_NATIVE", "1") != "0"
+
+
+def declined(raws: list[Any], plan: tuple[Any, ...]) -> Iterator[int]:
+    """The indexes of the records the C path hands to the Python loop, in order.
+
+    The C path runs from the record after the last one handed over: the Python loop
+    has finished that record (appended its row or counted it) before the generator
+    is resumed, so rows stay in input order.
+    """
+    assert _coerce_lines is not None
+    n = len(raws)
+    i = 0
+    while i < n:
+        i = _coerce_lines(raws, i, plan)
+        if i < n:
+            yield i
+            i += 1
