@@ -19,6 +19,10 @@ record down the slow path without need (``0.0000`` inside a string), never the
 other way. ``idem_platform_tests/test_canonical.py`` fuzzes the two paths against each
 other and the spec vectors pin the result.
 
+Ordinary records never get here on the commit path: ``coercion/_native.c`` writes
+their canonical bytes straight from the line's tokens (see ``coercion/native.py``)
+and hands every line it doubts to this module, which stays the definition.
+
 Both parsers keep the last value of a key an object repeats, silently;
 :func:`repeated_key` finds such a key (the line is then a reject) by comparing
 the raw line with its canonical form, and re-parses only when they disagree.

@@ -18,8 +18,10 @@
  * shorter string names the same double); every other float goes through
  * PyOS_double_to_string(x, 'r'), which is what float.__repr__ calls.
  *
- * Not thread-safe by design: it holds the GIL throughout and its scratch buffers
- * are module-level.
+ * Scratch buffers are module-level and reused by every call. That is safe because the
+ * GIL is held throughout, except inside coerce_lines' on_unknown callback (Python code,
+ * where another thread may run): by then the record's buffers have become Python
+ * objects, and the next record starts them afresh.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
