@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import atexit
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import socket

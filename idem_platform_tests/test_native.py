@@ -252,3 +252,13 @@ def test_ordinary_records_all_take_the_c_path(monkeypatch: pytest.MonkeyPatch) -
     assert out.num_rows == len(lines)
     assert pa.compute.sum(out.column("_errors").is_null()).as_py() == out.num_rows
     both_ways(lines + lines[:10], replace(BASE_SPEC, dynamic_values=False), True)
+
+
+@needs_native
+def test_columns_reads_every_record_as_dict_get_does() -> None:
+    records: list[dict[str, Any]] = [{"a": 1, "b": None}, {"b": [2]}, {}, {"a": "x", "c": 3.5}]
+    names = ("a", "b", "c", "missing")
+    assert native.columns(records, names) == [[record.get(name) for record in records] for name in names]
+    assert native.columns([], names) == [[], [], [], []]
+    with pytest.raises(TypeError, match="must be a dict"):
+        native.columns([{"a": 1}, ["not", "a", "dict"]], names)  # type: ignore[list-item]

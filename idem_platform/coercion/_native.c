@@ -1289,9 +1289,55 @@ static PyObject *coerce_lines(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(i);
 }
 
+PyDoc_STRVAR(columns_doc,
+             "columns(records: list[dict], names: tuple[str, ...]) -> list[list]\n\n"
+             "Per name, its value in every record (None where a record lacks it): what\n"
+             "[list(map(dict.get, records, repeat(name))) for name in names] gives, in one\n"
+             "pass over the records (each record's dict is read while it is in cache).");
+
+static PyObject *columns(PyObject *self, PyObject *args) {
+    PyObject *records, *names;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &records, &PyTuple_Type, &names))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records), k = PyTuple_GET_SIZE(names);
+    PyObject *result = PyList_New(k);
+    if (result == NULL)
+        return NULL;
+    for (Py_ssize_t c = 0; c < k; c++) {
+        PyObject *values = PyList_New(n);
+        if (values == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyList_SET_ITEM(result, c, values);
+    }
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *record = PyList_GET_ITEM(records, r);
+        if (!PyDict_Check(record)) {
+            Py_DECREF(result);
+            PyErr_SetString(PyExc_TypeError, "columns: every record must be a dict");
+            return NULL;
+        }
+        for (Py_ssize_t c = 0; c < k; c++) {
+            PyObject *value = PyDict_GetItemWithError(record, PyTuple_GET_ITEM(names, c));
+            if (value == NULL) {
+                if (PyErr_Occurred()) {
+                    Py_DECREF(result);
+                    return NULL;
+                }
+                value = Py_None;
+            }
+            Py_INCREF(value);
+            PyList_SET_ITEM(PyList_GET_ITEM(result, c), r, value);
+        }
+    }
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"canonical_line", canonical_line, METH_VARARGS, canonical_line_doc},
     {"coerce_lines", coerce_lines, METH_VARARGS, coerce_lines_doc},
+    {"columns", columns, METH_VARARGS, columns_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,7 +25,6 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -197,10 +196,9 @@ class _TableRows:
         records = self.records
         arrays = []
         errors: dict[int, list[dict[str, Any]]] = {}
-        for column in self.spec.columns:
+        names = tuple(column.name for column in self.spec.columns)
+        for column, values in zip(self.spec.columns, native.columns(records, names), strict=True):
             name = column.name
-            # One C-level pass per column: ~2x cheaper than a tuple per record.
-            values = list(map(dict.get, records, repeat(name)))
             present = [name in record for record in records] if column.required and None in values else None
             array, column_errors = convert_column(column, values, present, dynamic_values=dynamic_values)
             arrays.append(array)
