@@ -180,6 +180,16 @@ static Py_ssize_t parse_string(Line *l) {
     return node;
 }
 
+/* Past the digits at s[*i]; 0 if there is not one (JSON wants one after '.', 'e' and a sign). */
+static inline int skip_digits(const unsigned char *s, Py_ssize_t n, Py_ssize_t *i) {
+    Py_ssize_t j = *i;
+    while (j < n && s[j] >= '0' && s[j] <= '9')
+        j++;
+    int any = j > *i;
+    *i = j;
+    return any;
+}
+
 static Py_ssize_t parse_number(Line *l) {
     const unsigned char *s = l->s;
     Py_ssize_t i = l->i, start = i, n = l->n;
@@ -188,28 +198,21 @@ static Py_ssize_t parse_number(Line *l) {
         i++;
     if (i < n && s[i] == '0') {
         i++;
-    } else if (i < n && s[i] >= '1' && s[i] <= '9') {
-        while (i < n && s[i] >= '0' && s[i] <= '9')
-            i++;
-    } else {
+    } else if (!(i < n && s[i] >= '1' && s[i] <= '9') || !skip_digits(s, n, &i)) {
         return -1;
     }
     if (i < n && s[i] == '.') {
         i++;
-        if (!(i < n && s[i] >= '0' && s[i] <= '9'))
+        if (!skip_digits(s, n, &i))
             return -1;
-        while (i < n && s[i] >= '0' && s[i] <= '9')
-            i++;
         is_int = 0;
     }
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
         i++;
         if (i < n && (s[i] == '+' || s[i] == '-'))
             i++;
-        if (!(i < n && s[i] >= '0' && s[i] <= '9'))
+        if (!skip_digits(s, n, &i))
             return -1;
-        while (i < n && s[i] >= '0' && s[i] <= '9')
-            i++;
         is_int = 0;
     }
     if (is_int && i - start > MAX_INT_DIGITS)
