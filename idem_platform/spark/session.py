@@ -40,9 +40,12 @@ DEFAULT_CONF: dict[str, str] = {
 # A run's driver JVM mostly schedules (executors' Python does the work), so C2's
 # optimising compiler would cost ~6 CPU-seconds at start for little: C1 only starts
 # the session ~2.5 s sooner. A long-lived or bulk session (the Spark Connect server,
-# `idem migrate`) keeps the full JIT instead: there the JVM turns every row of the
-# Arrow batches into Spark rows, and C2 halves that (a 1M-row read: 8.1 -> 3.8 JVM
-# CPU-seconds). Any user-set TieredStopAtLevel/TieredCompilation wins.
+# `idem migrate`) keeps the full JIT instead: table reads and migrations turn every
+# row of the Arrow batches into Spark rows in the JVM, and C2 halves that (a 1M-row
+# read: 8.1 -> 3.8 JVM CPU-seconds). Staging moves no rows through the JVM, so a
+# server that only ingests pays C2 for nothing: 5.5 CPU-s of compiling in its first
+# large run, ~0.75 per run once warm, ~0.2 with C1 (README, "Rerun on a slower
+# machine"). Any user-set TieredStopAtLevel/TieredCompilation wins.
 DRIVER_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 
 
