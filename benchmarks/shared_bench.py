@@ -368,6 +368,7 @@ def main() -> int:
             files, new_files, one = prepare_idem_inputs(data, shape, workdir)
             config = config_for_peer_data(workdir)
             small = prepare_small(workdir / "small", args.stix_count)  # its 1-line file starts the Spark server
+            os.sync()  # the inputs just written (~0.8 GB in a new work directory) on disk now, not during a timed run
             facts = server_facts(server.url)
             print(
                 f"server: {masked_url(server.url)} ({server.via}{', started here' if server.started else ''}; "
