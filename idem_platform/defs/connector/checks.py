@@ -25,35 +25,65 @@ from idem_platform.postgres.tables import table_ident
 from idem_platform.rejects import list_rejects
 
 if TYPE_CHECKING:
+    import pandas as pd
     import pandera.pandas as pa
+    import pyarrow
 
 SAMPLE_ROWS = 2000
 KEY_PATTERN = r"^[a-z0-9_-]{1,64}:[a-z0-9_-]{1,64}:.+:[0-9a-f]{12}$"
-_PANDAS_DTYPES = {"bool": "boolean", "int": "Int32", "long": "Int64", "real": "Float64", "string": "string"}
+_PANDAS_DTYPES = {"bool": "boolean", "int": "Int32", "long": "Int64", "real": "Float64"}
+_SYSTEM_CHECKED = ("_idempotency_key", "_content_hash", "_payload")
 
 
 def pandera_schema(spec: TableSpec) -> "pa.DataFrameSchema":
     """The data contract of one record type's coerced rows (system columns + typed columns).
 
     pandera is imported here, not at module load: it takes a second to import and
-    only this check needs it.
+    only this check needs it. Text columns are Arrow-backed (see :func:`contract_frame`):
+    pandera checks an ``object`` or ``string`` column's type value by value and formats
+    a failure report even when every value passes (~1 ms a column; 16 record types of
+    ~20 columns spent 0.45 s of a run on it), an Arrow string column by its dtype.
     """
+    import pandas as pd
     import pandera.pandas as pa
+    import pyarrow
 
+    text = pd.ArrowDtype(pyarrow.string())
     columns: dict[str, pa.Column] = {
         # Not unique: a key repeated in the batch is legitimate (it is skipped at commit).
-        "_idempotency_key": pa.Column(str, pa.Check.str_matches(KEY_PATTERN)),
-        "_content_hash": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{40}$")),
-        "_payload": pa.Column(str, nullable=False),
+        "_idempotency_key": pa.Column(text, pa.Check.str_matches(KEY_PATTERN)),
+        "_content_hash": pa.Column(text, pa.Check.str_matches(r"^[0-9a-f]{40}$")),
+        "_payload": pa.Column(text, nullable=False),
     }
     for column in spec.columns:
         checks = []
         if column.type.kind == "vector":
             dim = column.type.dim
             checks.append(pa.Check(lambda s, dim=dim: s.dropna().map(len) == dim, name=f"length_{dim}"))
+        if column.type.kind == "string":  # Arrow text stays Arrow text: nothing to coerce, a number fails
+            columns[column.name] = pa.Column(text, checks=checks, nullable=not column.required)
+            continue
+        # Numbers and booleans with nulls reach pandas as float64 or object: coerced to the
+        # nullable dtype (a value that does not fit is a failure).
         dtype = _PANDAS_DTYPES.get(column.type.kind)
         columns[column.name] = pa.Column(dtype, checks=checks, nullable=not column.required, coerce=dtype is not None)
     return pa.DataFrameSchema(columns, strict=False)
+
+
+def contract_frame(rows: "pyarrow.Table", record_type: str, spec: TableSpec) -> "pd.DataFrame":
+    """One record type's coerced rows as the frame :func:`pandera_schema` validates: the
+    system columns it checks and the typed columns, converted in one ``to_pandas``, text
+    as Arrow-backed strings."""
+    import pandas as pd
+    import pyarrow
+
+    typed = rows.column(record_type).combine_chunks().flatten()
+    table = pyarrow.Table.from_arrays(
+        [rows.column(name) for name in _SYSTEM_CHECKED] + list(typed),
+        names=[*_SYSTEM_CHECKED, *(column.name for column in spec.columns)],
+    )
+    text = pd.ArrowDtype(pyarrow.string())
+    return table.to_pandas(types_mapper=lambda type_: text if type_ == pyarrow.string() else None)
 
 
 def build_checks(
@@ -104,10 +134,7 @@ def _build_checks(
             rows = sample.filter(pc.equal(sample.column("_record_type"), record_type))
             if rows.num_rows == 0:
                 continue
-            frame = rows.select(["_idempotency_key", "_content_hash", "_payload"]).to_pandas()
-            typed = rows.column(record_type).combine_chunks().flatten()
-            for index, column in enumerate(spec.columns):
-                frame[column.name] = typed[index].to_pandas()
+            frame = contract_frame(rows, record_type, spec)
             checked[record_type] = rows.num_rows
             from pandera.errors import SchemaErrors
 
