@@ -79,7 +79,7 @@ def doomed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCl
 def write_config(directory: Path, master: str, conf: dict[str, str]) -> Path:
     data = yaml.safe_load(example_text())
     data["connectors"][0]["path"] = str(directory / "drop")
-    data["connectors"][0]["split_bytes"] = 1 << 20  # several splits (tasks) even for small files
+    data["connectors"][0]["split_bytes"] = 4 << 20  # several slices (tasks) even for a 10 MB file
     data["spark"] = {"master": master, "conf": conf}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "idem.yaml"

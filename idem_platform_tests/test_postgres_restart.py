@@ -55,7 +55,7 @@ def test_a_postgres_restart_mid_commit_leaves_nothing_and_a_rerun_commits_once(
     server, url = restartable
     data = yaml.safe_load(example_text())
     data["connectors"][0]["path"] = str(tmp_path / "drop")
-    data["connectors"][0]["split_bytes"] = 1 << 20
+    data["connectors"][0]["split_bytes"] = 4 << 20  # several slices: the restart falls between them
     data["spark"] = {"master": "local[2]", "conf": {"spark.ui.enabled": "false"}}
     config_path = tmp_path / "idem.yaml"
     config_path.write_text(yaml.safe_dump(data))
