@@ -6,6 +6,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
+import pyarrow
 import pyarrow.compute as pc
 from dagster import PreviewWarning
 
@@ -27,7 +28,6 @@ from idem_platform.rejects import list_rejects
 if TYPE_CHECKING:
     import pandas as pd
     import pandera.pandas as pa
-    import pyarrow
 
 SAMPLE_ROWS = 2000
 KEY_PATTERN = r"^[a-z0-9_-]{1,64}:[a-z0-9_-]{1,64}:.+:[0-9a-f]{12}$"
@@ -46,7 +46,6 @@ def pandera_schema(spec: TableSpec) -> "pa.DataFrameSchema":
     """
     import pandas as pd
     import pandera.pandas as pa
-    import pyarrow
 
     text = pd.ArrowDtype(pyarrow.string())
     columns: dict[str, pa.Column] = {
@@ -70,12 +69,11 @@ def pandera_schema(spec: TableSpec) -> "pa.DataFrameSchema":
     return pa.DataFrameSchema(columns, strict=False)
 
 
-def contract_frame(rows: "pyarrow.Table", record_type: str, spec: TableSpec) -> "pd.DataFrame":
+def contract_frame(rows: pyarrow.Table, record_type: str, spec: TableSpec) -> "pd.DataFrame":
     """One record type's coerced rows as the frame :func:`pandera_schema` validates: the
     system columns it checks and the typed columns, converted in one ``to_pandas``, text
     as Arrow-backed strings."""
     import pandas as pd
-    import pyarrow
 
     typed = rows.column(record_type).combine_chunks().flatten()
     table = pyarrow.Table.from_arrays(
