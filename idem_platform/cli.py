@@ -352,11 +352,11 @@ def _connector_name(config: IdemConfig, given: str | None, files: Sequence[str] 
 
 def cmd_ingest(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
-    prepare_environment()
     config = load_config(args.config)
-    summary = ingest_connector(
-        config, _connector_name(config, args.connector, args.files), args.files, replay=args.replay
-    )
+    # A usage error is said before PostgreSQL is reached (or the embedded one started).
+    name = config.connector(_connector_name(config, args.connector, args.files)).name
+    prepare_environment()
+    summary = ingest_connector(config, name, args.files, replay=args.replay)
     return public_summary(summary, time.monotonic() - started)
 
 

@@ -339,7 +339,13 @@ def test_verbose_shows_a_failed_runs_recorded_error(
     assert "in failing_plan" in "\n".join(trace) and 'raise ValueError("the planner broke")' in "\n".join(trace)
 
 
-def test_ingest_needs_connector_only_when_the_config_has_several(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ingest_needs_connector_only_when_the_config_has_several(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No PostgreSQL named: a usage error must not start the embedded one to say so.
+    monkeypatch.delenv("IDEM_POSTGRES_URL", raising=False)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.setenv("IDEM_HOME", str(tmp_path / "idem-home"))
     two = example_text().replace(
         "connectors:\n", "connectors:\n- {name: other, kind: filedrop, path: drop/other, record_type: indicator, id_field: id}\n", 1
     )
@@ -348,6 +354,7 @@ def test_ingest_needs_connector_only_when_the_config_has_several(tmp_path: Path,
     assert main(["ingest", "--config", str(config)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has several connectors: pick one with --connector (other, threatfeed)" in err
+    assert not (tmp_path / "idem-home").exists()
 
 
 def test_ingest_picks_the_connector_whose_directory_holds_the_files(
