@@ -210,7 +210,14 @@ def use_spark_server(config: IdemConfig) -> str | None:
         starter += ["--config", str(config.source)]
     state = connect_server.ensure(directory, master=master, conf=server_conf(config), starter=starter)
     if state is None:
-        if connect_server.running(directory) is None:
+        failed = connect_server.recent_failure(directory, connect_server.fingerprint(master, server_conf(config)))
+        if failed is not None:
+            sys.stderr.write(
+                f"the Spark Connect server in {directory} failed to start {time.time() - float(failed['at']):.0f} s ago "
+                f"({failed['error']}; log {failed['log']}); this run starts Spark itself, and runs try the server "
+                f"again {connect_server.RETRY_AFTER_SECONDS / 60:.0f} minutes after the failure (or: idem spark start)\n"
+            )
+        elif connect_server.running(directory) is None:
             sys.stderr.write(
                 f"starting a Spark Connect server ({master}) in {directory} in the background for later runs "
                 "(idem spark stop stops it; spark.server: off runs without); this run starts Spark itself\n"

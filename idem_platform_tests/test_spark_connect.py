@@ -206,3 +206,53 @@ def test_a_process_that_started_spark_itself_stays_on_it_when_the_server_comes_u
         assert done.stdout.strip().splitlines()[-1] == "None None True"
     finally:
         subprocess.run(idem_command("spark", "stop", "--dir", str(home / "spark")), capture_output=True, timeout=120)
+
+
+def _java_processes_in(directory: Path) -> list[int]:
+    """Processes whose working directory is ``directory`` (a server's JVM runs there)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "cwd")) == directory.resolve():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_server_whose_python_workers_cannot_start_is_stopped_and_not_started_again_at_once(tmp_path: Path) -> None:
+    """A server whose Python workers cannot start (here a worker Python that exits at once) is
+    stopped by the start that found out, and recorded: runs of the same code and settings start
+    no other one in the background until the retry delay has passed. Before, the JVM stayed up
+    with nothing recording it, and every later run started one more."""
+    from idem_platform.spark import connect_server
+
+    directory = tmp_path / "spark"
+    env = {**os.environ, "PYSPARK_PYTHON": "/bin/false"}
+    for name in ("IDEM_CONFIG", "IDEM_SPARK_REMOTE"):
+        env.pop(name, None)
+    started = subprocess.run(
+        idem_command("spark", "start", "--dir", str(directory), "--master", "local[1]"),
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )
+    assert started.returncode != 0, started.stdout[-2000:]
+    assert "its Python workers did not" in started.stderr, started.stderr[-3000:]
+    failure = json.loads((directory / "failed.json").read_text())
+    assert not _alive(int(failure["pid"]))
+    assert _java_processes_in(directory) == []
+    assert not (directory / "connect.json").exists()
+
+    marker = tmp_path / "starter-ran"
+    starter = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
+    assert connect_server.ensure(directory, master="local[1]", conf={}, starter=starter) is None
+    time.sleep(3)
+    assert not marker.exists(), "a run started another server right after one failed"
+
+    failure["at"] -= connect_server.RETRY_AFTER_SECONDS
+    (directory / "failed.json").write_text(json.dumps(failure))
+    assert connect_server.ensure(directory, master="local[1]", conf={}, starter=starter) is None
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert marker.exists(), "runs never try the server again"

@@ -42,6 +42,10 @@ from idem_platform.errors import ConfigError
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 STATE_FILE = "connect.json"
+FAILED_FILE = "failed.json"
+# After a server failed to start, runs of the same code and settings do not start another
+# one in the background for this long (each try is a JVM start: ~10-30 CPU-seconds).
+RETRY_AFTER_SECONDS = 600.0
 DEFAULT_DIR = Path(".idem") / "spark"
 START_TIMEOUT_SECONDS = 90.0
 # Runs share one server session (its id is in the URL). Spark Connect closes a session
@@ -165,17 +169,89 @@ def start(
         url=f"sc://127.0.0.1:{port}/;session_id={uuid.uuid4()}", pid=process.pid, port=port, master=master, log=str(log),
         started_at=time.time(), fingerprint=fingerprint(master, conf or {}), auto=auto,
     )
+    try:
+        _wait_until_ready(process, state, log, timeout)
+    except BaseException as exc:
+        # Nothing records a server that is not ready, so nothing would ever stop it: a
+        # server whose Python workers cannot start (a broken PYSPARK_PYTHON, a module the
+        # workers cannot import) was left running by every run that tried, one JVM each.
+        _kill_group(process.pid)
+        _record_failure(directory, state, exc)
+        raise
+    (directory / FAILED_FILE).unlink(missing_ok=True)
+    (directory / STATE_FILE).write_text(json.dumps(asdict(state)))
+    return state
+
+
+def _wait_until_ready(process: subprocess.Popen[bytes], state: ServerState, log: Path, timeout: float) -> None:
+    """Until the server answers and its Python workers are warm.
+
+    Raises:
+        ConfigError: it exited, did not answer within ``timeout``, or its workers failed.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ConfigError(f"the Spark Connect server exited with status {process.returncode}:\n{_tail(log)}")
-        if _accepts(port):
-            warm(state.url)
-            (directory / STATE_FILE).write_text(json.dumps(asdict(state)))
-            return state
+        if _accepts(state.port):
+            try:
+                warm(state.url)
+            except Exception as exc:  # noqa: BLE001 - whatever the workers hit, the server is no use
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                raise ConfigError(
+                    f"the Spark Connect server started but its Python workers did not ({first}); it was "
+                    f"stopped. Its log: {log}\n{_tail(log)}"
+                ) from exc
+            return
         time.sleep(0.25)
-    process.kill()
-    raise ConfigError(f"the Spark Connect server did not answer on port {port} within {timeout:.0f} s:\n{_tail(log)}")
+    raise ConfigError(f"the Spark Connect server did not answer on port {state.port} within {timeout:.0f} s:\n{_tail(log)}")
+
+
+def _kill_group(pid: int, timeout: float = 10.0) -> bool:
+    """SIGTERM the process group of ``pid`` (the server's JVM and its Python workers), then
+    SIGKILL after ``timeout``; ``False`` if there was no such process."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def _record_failure(directory: Path, state: ServerState, exc: BaseException) -> None:
+    failure = {
+        "fingerprint": state.fingerprint, "at": time.time(), "pid": state.pid, "log": state.log,
+        "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500],
+    }
+    try:
+        (directory / FAILED_FILE).write_text(json.dumps(failure))
+    except OSError:
+        pass
+
+
+def recent_failure(directory: Path, wanted: str) -> dict[str, object] | None:
+    """The last failed start of a server with fingerprint ``wanted`` in ``directory``, if it
+    was under :data:`RETRY_AFTER_SECONDS` ago (``error``, ``at``, ``log``...), else ``None``."""
+    try:
+        failure = json.loads((directory / FAILED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(failure, dict) or failure.get("fingerprint") != wanted:
+        return None
+    at = failure.get("at")
+    if not isinstance(at, (int, float)) or time.time() - at >= RETRY_AFTER_SECONDS:
+        return None
+    return failure
 
 
 def fingerprint(master: str, conf: dict[str, str]) -> str:
@@ -246,7 +322,7 @@ def ensure(
             state = start(directory, master=master, conf=conf, auto=True)
             _hold(directory)
             return state
-        if starter is not None:
+        if starter is not None and recent_failure(directory, wanted) is None:
             log = open(directory / "starter.log", "ab")  # noqa: SIM115 - the child keeps it
             subprocess.Popen(starter, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             log.close()
@@ -298,22 +374,7 @@ def stop(directory: Path = DEFAULT_DIR, *, timeout: float = 30.0) -> bool:
     (directory / STATE_FILE).unlink(missing_ok=True)
     if state is None:
         return False
-    try:
-        os.killpg(state.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(state.pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    try:
-        os.killpg(state.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    return True
+    return _kill_group(state.pid, timeout)
 
 
 def _tail(log: Path, lines: int = 15) -> str:
