@@ -68,6 +68,34 @@ def test_status_reports_the_running_server(server: dict[str, object]) -> None:
     assert "SparkConnectServer" in command_line and DRIVER_JIT_OPTION not in command_line
 
 
+def test_the_servers_python_workers_fork_from_a_daemon_that_imported_the_staging_path(server: dict[str, object]) -> None:
+    """Spark kills a Python worker idle for a minute; the server's daemon (spark/daemon.py)
+    has the staging modules imported, so the workers it forks for the next run start with them."""
+    from idem_platform.spark.connect_server import DAEMON_MODULE
+
+    jvm = int(server["pid"])  # type: ignore[arg-type]
+    daemons = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == jvm and b"-m" in command and DAEMON_MODULE.encode() in command:
+            daemons.append(entry)
+    assert daemons, "the server's Python workers do not come from idem's daemon"
+    maps = (daemons[0] / "maps").read_text()
+    assert "pgpq" in maps and "_native" in maps  # the staging path's extensions, loaded before any fork
+
+
+def test_the_daemon_preloads_every_module_here() -> None:
+    from idem_platform.spark.daemon import preload
+
+    assert preload() == []
+
+
 def test_the_jit_default_is_c1_for_runs_and_full_for_long_lived_sessions() -> None:
     assert DRIVER_JIT_OPTION in (driver_java_options(None) or "")
     assert DRIVER_JIT_OPTION not in (driver_java_options(None, long_lived=True) or "")

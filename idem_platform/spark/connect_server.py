@@ -41,6 +41,7 @@ from pathlib import Path
 from idem_platform.errors import ConfigError
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+DAEMON_MODULE = "idem_platform.spark.daemon"  # the server's Python worker daemon (local masters)
 STATE_FILE = "connect.json"
 FAILED_FILE = "failed.json"
 # After a server failed to start, runs of the same code and settings do not start another
@@ -130,7 +131,7 @@ def start(
         ConfigError: it exited or did not answer within ``timeout`` (the message
             carries the end of its log).
     """
-    from idem_platform.spark.session import DEFAULT_CONF, driver_java_options
+    from idem_platform.spark.session import DEFAULT_CONF, driver_java_options, is_local_master
 
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
@@ -145,6 +146,8 @@ def start(
     settings["spark.connect.grpc.binding.port"] = str(port)
     settings.setdefault("spark.connect.session.manager.defaultSessionTimeout", SESSION_TIMEOUT)
     settings.setdefault("spark.ui.enabled", "false")
+    if is_local_master(master):  # workers on this machine, in this environment: see spark/daemon.py
+        settings.setdefault("spark.python.daemon.module", DAEMON_MODULE)
     options = driver_java_options(settings.get("spark.driver.extraJavaOptions"), long_lived=True)
     if options:
         settings["spark.driver.extraJavaOptions"] = options
