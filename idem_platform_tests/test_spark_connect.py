@@ -73,21 +73,43 @@ def test_the_servers_python_workers_fork_from_a_daemon_that_imported_the_staging
     has the staging modules imported, so the workers it forks for the next run start with them."""
     from idem_platform.spark.connect_server import DAEMON_MODULE
 
-    jvm = int(server["pid"])  # type: ignore[arg-type]
-    daemons = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().split(b"\0")
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == jvm and b"-m" in command and DAEMON_MODULE.encode() in command:
-            daemons.append(entry)
+    daemons = [pid for pid in _children(int(server["pid"])) if DAEMON_MODULE.encode() in _command(pid)]  # type: ignore[arg-type]
     assert daemons, "the server's Python workers do not come from idem's daemon"
-    maps = (daemons[0] / "maps").read_text()
+    maps = Path(f"/proc/{daemons[0]}/maps").read_text()
     assert "pgpq" in maps and "_native" in maps  # the staging path's extensions, loaded before any fork
+
+
+def test_a_runs_warm_up_brings_back_the_workers_spark_killed_after_a_minute_idle(server: dict[str, object]) -> None:
+    """Spark kills a Python worker idle for a minute; a run's warm-up (started while its driver
+    imports Dagster) runs a trivial job on the server, so its staging jobs find workers up."""
+    (daemon,) = [pid for pid in _children(int(server["pid"])) if b"daemon" in _command(pid)]  # type: ignore[arg-type]
+    deadline = time.monotonic() + 150
+    while _children(daemon) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert not _children(daemon), "Spark kept its idle Python workers for over two minutes"
+    code = "import sys\nfrom idem_platform.spark.session import warm_up\nwarm_up({'spark.remote': sys.argv[1]}).join(120)\n"
+    done = subprocess.run([sys.executable, "-c", code, str(server["url"])], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _children(daemon), "the warm-up left the server without Python workers"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _command(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def test_the_daemon_preloads_every_module_here() -> None:

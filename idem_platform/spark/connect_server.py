@@ -354,20 +354,9 @@ def _hold(directory: Path) -> None:
 def warm(url: str) -> None:
     """Start the server's Python workers (one per slot) with idem's staging modules imported,
     so the first run's first job does not pay for them."""
-    import pyarrow as pa
+    from idem_platform.spark.session import build_session, touch_workers
 
-    from idem_platform.spark.session import build_session, task_slots
-
-    spark = build_session({"spark.remote": url})
-    slots = task_slots(spark)
-
-    def touch(batches: object) -> object:
-        import idem_platform.spark.stage  # noqa: F401 - the import is the warm-up
-
-        for batch in batches:  # type: ignore[attr-defined]
-            yield pa.RecordBatch.from_arrays([batch.column(0)], names=["id"])
-
-    spark.range(0, slots, 1, slots).mapInArrow(touch, "id long").collect()
+    touch_workers(build_session({"spark.remote": url}))
 
 
 def stop(directory: Path = DEFAULT_DIR, *, timeout: float = 30.0) -> bool:
