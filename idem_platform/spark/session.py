@@ -195,7 +195,7 @@ def touch_workers(spark: SparkSession) -> None:
     run after such a pause staged as if on a cold server (the 1M batch: 22.5–25.6 s
     against ~21 s back to back). This job, in the background while the driver imports
     Dagster and sets the run up, brings it back to ~21 s (20.90 s after a 75 s pause);
-    when the workers are warm it costs the server a few tens of milliseconds.
+    when the workers are warm it is one more trivial job, off the run's critical path.
     """
     slots = task_slots(spark)
     if is_remote(spark):
