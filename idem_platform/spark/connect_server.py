@@ -179,7 +179,8 @@ def start(
         # server whose Python workers cannot start (a broken PYSPARK_PYTHON, a module the
         # workers cannot import) was left running by every run that tried, one JVM each.
         _kill_group(process.pid)
-        _record_failure(directory, state, exc)
+        if isinstance(exc, Exception):  # not an interrupted start (Ctrl-C): nothing to hold against the next one
+            _record_failure(directory, state, exc)
         raise
     (directory / FAILED_FILE).unlink(missing_ok=True)
     (directory / STATE_FILE).write_text(json.dumps(asdict(state)))
