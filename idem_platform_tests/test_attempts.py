@@ -14,10 +14,12 @@ from idem_platform.coercion.records import RecordSpec, coerce_batch
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.commit.promote import ClaimLost, StagedAttempt, promote
 from idem_platform.commit.staging import (
+    STAGED_SYSTEM,
     StagingWriter,
     attempt_table,
     drop_stale_staging,
     new_attempt_id,
+    staged_rows,
 )
 from idem_platform.config import IdemConfig
 from idem_platform.connectors.filedrop import Split, hash_file
@@ -129,3 +131,26 @@ def test_a_zombie_attempt_still_copying_never_blocks_the_commit(
 def test_an_attempt_id_must_name_a_short_safe_table(attempt: str) -> None:
     with pytest.raises(ValueError, match="lowercase hex"):
         attempt_table("c0_0", attempt)
+
+
+def test_staged_rows_are_the_batch_rows_of_their_type_in_staging_columns(
+    staged: tuple[CommitPlan, list[str], RecordSpec],
+) -> None:
+    """Each record type's staged rows: exactly its rows of the batch (not another type's, not
+    a reject), in order, with the staging columns' values, also from a slice of a batch."""
+    plan, lines, spec = staged
+    extra = json.loads(lines[0]) | {"not_in_catalog": 1}
+    batch = _batch([*lines, "{not json", json.dumps(extra)], 1, spec)
+    assert len(set(batch.column("_record_type").to_pylist()) - {None}) >= 2  # several types to tell apart
+    for part in (batch, batch.slice(3, len(lines) - 5)):
+        expected_rows = part.to_pylist()
+        for record_type, table in plan.tables.items():
+            rows, with_extra = staged_rows(part, record_type, table)
+            mine = [r for r in expected_rows if r["_record_type"] == record_type]
+            names = [name for name, _ in STAGED_SYSTEM]
+            typed = [c.name for c in table.columns if c.type.kind != "dynamic"]
+            assert rows.schema.names == names + typed
+            assert rows.to_pylist() == [
+                {**{n: r[n] for n in names}, **{n: r[record_type][n] for n in typed}} for r in mine
+            ]
+            assert with_extra == sum(r["_extra"] is not None for r in mine)

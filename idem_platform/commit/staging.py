@@ -201,15 +201,17 @@ def staged_rows(batch: pa.RecordBatch, record_type: str, spec: TableSpec) -> tup
     Returns:
         ``(rows, rows carrying unknown fields in _extra)``.
     """
-    rows = batch.filter(pc.equal(batch.column("_record_type"), record_type))
-    typed = rows.column(record_type)
-    arrays = [rows.column(name) for name, _ in STAGED_SYSTEM]
+    typed = batch.column(record_type)
+    arrays = [batch.column(name) for name, _ in STAGED_SYSTEM]
     names = [name for name, _ in STAGED_SYSTEM]
     for index, column in enumerate(spec.columns):
         if column.type.kind != "dynamic":
             arrays.append(typed.field(index))
             names.append(column.name)
-    return pa.RecordBatch.from_arrays(arrays, names=names), rows.num_rows - rows.column("_extra").null_count
+    # Only the staged columns are filtered: the batch's other record types' structs and its
+    # reject columns are not copied once per record type.
+    rows = pa.RecordBatch.from_arrays(arrays, names=names).filter(pc.equal(batch.column("_record_type"), record_type))
+    return rows, rows.num_rows - rows.column("_extra").null_count
 
 
 def props_field_names(batch: pa.RecordBatch, record_type: str) -> set[str]:
