@@ -958,8 +958,9 @@ static void sha1_hex(const unsigned char *data, Py_ssize_t len, char hex[40]) {
 
 /* The line's record (a dict), canonical bytes and SHA-1 hex: 1; the Python path must
    decide: 0; a Python error (memory): -1. See canonical_line for `shallow`. */
-static int read_line(const unsigned char *s, Py_ssize_t len, PyObject *shallow, PyObject **record_out,
-                        PyObject **canonical_out, PyObject **digest_out) {
+/* Parse the line, write its canonical bytes (`out`) and their SHA-1 (`hex`): the top-level
+   object's node, or -2 when the Python path must decide, or -1 on a Python error. */
+static Py_ssize_t parse_line(const unsigned char *s, Py_ssize_t len, char hex[40]) {
     Line l = {s, len, 0};
     line_bytes = s;
     n_nodes = n_kids = n_pending = n_out = n_keybuf = 0;
@@ -969,17 +970,23 @@ static int read_line(const unsigned char *s, Py_ssize_t len, PyObject *shallow, 
     }
     skip_ws(&l);
     if (l.i >= l.n || l.s[l.i] != '{')
-        return 0;
+        return -2;
     Py_ssize_t top = parse_value(&l, 1);
     if (top < 0)
-        return PyErr_Occurred() ? -1 : 0;
+        return PyErr_Occurred() ? -1 : -2;
     skip_ws(&l);
     if (l.i != l.n)
-        return 0;
+        return -2;
     if (emit(top) < 0)
-        return PyErr_Occurred() ? -1 : 0;
-    char hex[40];
+        return PyErr_Occurred() ? -1 : -2;
     sha1_hex(out, n_out, hex);
+    return top;
+}
+
+/* The parsed line's record (a dict), canonical bytes and SHA-1 hex (see canonical_line for
+   `shallow`): 1, or -1 on a Python error. */
+static int build_record(Py_ssize_t top, const char hex[40], PyObject *shallow, PyObject **record_out,
+                        PyObject **canonical_out, PyObject **digest_out) {
     PyObject *canonical = PyBytes_FromStringAndSize((const char *)out, n_out);
     PyObject *digest = PyUnicode_FromStringAndSize(hex, 40);
     PyObject *record = PyDict_New();
@@ -1021,6 +1028,17 @@ fail:
     Py_XDECREF(digest);
     Py_XDECREF(canonical);
     return -1;
+}
+
+/* The line's record, canonical bytes and SHA-1 hex: 1; the Python path must decide: 0; a
+   Python error (memory): -1. */
+static int read_line(const unsigned char *s, Py_ssize_t len, PyObject *shallow, PyObject **record_out,
+                     PyObject **canonical_out, PyObject **digest_out) {
+    char hex[40];
+    Py_ssize_t top = parse_line(s, len, hex);
+    if (top < 0)
+        return top == -1 ? -1 : 0;
+    return build_record(top, hex, shallow, record_out, canonical_out, digest_out);
 }
 
 /* ---- the entry points ---------------------------------------------------------- */
@@ -1102,6 +1120,455 @@ static int plain_id(PyObject *ext_id) {
     return 1;
 }
 
+/* ---- direct rows: an ordinary record straight to its staging row --------------------
+ *
+ * On the commit path a record whose every value is of the plain kind needs no Python
+ * object at all: its staging row (PostgreSQL's binary COPY tuple: the staged system
+ * columns, then the typed ones) is written here from the parsed line, into its record
+ * type's buffer, which the staging writer COPYs as it is. The values are those the
+ * Arrow path stages (idem_platform.coercion.columns' fast path, then pgpq): anything
+ * that path could convert differently or reject (a value of another JSON kind, a
+ * number that needs rounding into its column, a timestamp of any other shape, a null
+ * required field, an unknown field, a schema version) declines, and the record takes
+ * the dict path as before. */
+
+#define PG_EPOCH_US 946684800000000LL /* 2000-01-01 in Unix microseconds */
+#define MAX_DIRECT_COLUMNS 1600      /* PostgreSQL's own column limit */
+#define FLOAT32_LIMIT 3.4028234663852886e38
+
+static unsigned char *row;
+static Py_ssize_t n_row, cap_row;
+static Py_ssize_t col_node[MAX_DIRECT_COLUMNS];
+
+static inline int row_reserve(Py_ssize_t more) {
+    if (grow((void **)&row, &cap_row, n_row + more, 1) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static inline void put_u16(uint16_t v) {
+    row[n_row++] = (unsigned char)(v >> 8);
+    row[n_row++] = (unsigned char)v;
+}
+
+static inline void put_u32(uint32_t v) {
+    for (int b = 3; b >= 0; b--)
+        row[n_row++] = (unsigned char)(v >> (8 * b));
+}
+
+static inline void put_u64(uint64_t v) {
+    for (int b = 7; b >= 0; b--)
+        row[n_row++] = (unsigned char)(v >> (8 * b));
+}
+
+static int put_bytes(const void *data, Py_ssize_t len) {
+    if (row_reserve(4 + len) < 0)
+        return -1;
+    put_u32((uint32_t)len);
+    memcpy(row + n_row, data, (size_t)len);
+    n_row += len;
+    return 0;
+}
+
+static int put_null(void) {
+    if (row_reserve(4) < 0)
+        return -1;
+    put_u32(0xFFFFFFFFu);
+    return 0;
+}
+
+static int put_i64(int64_t v) {
+    if (row_reserve(12) < 0)
+        return -1;
+    put_u32(8);
+    put_u64((uint64_t)v);
+    return 0;
+}
+
+static int put_f64(double x) {
+    uint64_t bits;
+    memcpy(&bits, &x, 8);
+    return put_i64((int64_t)bits);
+}
+
+/* An integer token of at most `max_digits` digits (no more than 18): 1 and its value; else 0. */
+static int token_int(const unsigned char *s, Py_ssize_t len, Py_ssize_t max_digits, int64_t *value) {
+    Py_ssize_t i = s[0] == '-' ? 1 : 0;
+    if (len - i > max_digits)
+        return 0;
+    int64_t x = 0;
+    for (Py_ssize_t j = i; j < len; j++)
+        x = x * 10 + (s[j] - '0');
+    *value = i ? -x : x;
+    return 1;
+}
+
+/* A number node as the float64 Arrow makes of it (a float, or an int exact in a double): 1; else 0. */
+static int number_value(Node *v, double *x) {
+    const unsigned char *s = line_bytes + v->start;
+    if (v->kind == N_INT) {
+        int64_t i;
+        if (!token_int(s, v->len, 15, &i))
+            return 0;
+        *x = (double)i;
+        return 1;
+    }
+    if (v->kind != N_FLOAT)
+        return 0;
+    int ok;
+    *x = token_double(s, v->len, &ok);
+    if (!ok)
+        PyErr_Clear();
+    return ok;
+}
+
+static inline int two_digits(const unsigned char *s, int *v) {
+    if (s[0] < '0' || s[0] > '9' || s[1] < '0' || s[1] > '9')
+        return 0;
+    *v = (s[0] - '0') * 10 + (s[1] - '0');
+    return 1;
+}
+
+static int64_t days_from_civil(int64_t y, int m, int d) { /* timestamps.py's, for years >= 0 */
+    y -= m <= 2;
+    int64_t era = y / 400, yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+/* PostgreSQL's microseconds of `YYYY-MM-DDTHH:MM:SS[.f{1,9}](Z|+HH:MM|-HH:MM)` in years
+   1678..2261, as the Arrow path gets them (parse_rfc3339_ns's epoch nanoseconds, rounded
+   half up to microseconds): 1; any other text: 0. */
+static int timestamp_us(const unsigned char *s, Py_ssize_t n, int64_t *us) {
+    static const int DAYS[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int c1, c2, mo, d, h, mi, se;
+    if (n < 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':')
+        return 0;
+    if (!two_digits(s, &c1) || !two_digits(s + 2, &c2) || !two_digits(s + 5, &mo) || !two_digits(s + 8, &d) ||
+        !two_digits(s + 11, &h) || !two_digits(s + 14, &mi) || !two_digits(s + 17, &se))
+        return 0;
+    int y = c1 * 100 + c2;
+    Py_ssize_t i = 19;
+    int64_t frac = 0;
+    if (s[i] == '.') {
+        int digits = 0;
+        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++, digits++) {
+            if (digits == 9)
+                return 0;
+            frac = frac * 10 + (s[i] - '0');
+        }
+        if (digits == 0)
+            return 0;
+        for (; digits < 9; digits++)
+            frac *= 10;
+    }
+    int64_t offset = 0;
+    if (i + 1 == n && s[i] == 'Z') {
+        i++;
+    } else if (i + 6 == n && (s[i] == '+' || s[i] == '-') && s[i + 3] == ':') {
+        int oh, om;
+        if (!two_digits(s + i + 1, &oh) || !two_digits(s + i + 4, &om) || oh > 23 || om > 59)
+            return 0;
+        offset = (int64_t)(oh * 3600 + om * 60) * (s[i] == '+' ? 1 : -1);
+        i += 6;
+    } else {
+        return 0;
+    }
+    if (y < 1678 || y > 2261 || mo < 1 || mo > 12 || h > 23 || mi > 59 || se > 59)
+        return 0;
+    int leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    if (d < 1 || d > (mo == 2 && leap ? 29 : DAYS[mo - 1]))
+        return 0;
+    int64_t ns = (days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se - offset) * 1000000000LL + frac;
+    int64_t q = ns / 1000, r = ns % 1000;
+    if (r < 0) { /* floor division, as numpy's // */
+        q -= 1;
+        r += 1000;
+    }
+    *us = q + (r >= 500) - PG_EPOCH_US;
+    return 1;
+}
+
+/* One typed value into the row: 1; not sure: 0; Python error: -1. */
+static int put_value(char kind, Py_ssize_t node, Py_ssize_t dim) {
+    Node *v = &nodes[node];
+    const unsigned char *s = line_bytes + v->start;
+    switch (kind) {
+    case 's': /* string -> text */
+        if (v->kind != N_STR)
+            return 0;
+        if (v->plain)
+            return put_bytes(s, v->len) < 0 ? -1 : 1;
+        if (ensure_text(v->len) < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        Py_ssize_t got = decode_string(s, v->len, text);
+        if (got < 0)
+            return 0;
+        return put_bytes(text, got) < 0 ? -1 : 1;
+    case 'i': /* int -> integer */
+    case 'l': { /* long -> bigint */
+        int64_t x;
+        if (v->kind != N_INT || !token_int(s, v->len, 18, &x))
+            return 0;
+        if (kind == 'l')
+            return put_i64(x) < 0 ? -1 : 1;
+        if (x < INT32_MIN || x > INT32_MAX || row_reserve(8) < 0)
+            return x < INT32_MIN || x > INT32_MAX ? 0 : -1;
+        put_u32(4);
+        put_u32((uint32_t)(int32_t)x);
+        return 1;
+    }
+    case 'r': { /* real -> double precision */
+        double x;
+        if (!number_value(v, &x))
+            return 0;
+        return put_f64(x) < 0 ? -1 : 1;
+    }
+    case 'b': /* bool -> boolean */
+        if (v->kind != N_TRUE && v->kind != N_FALSE)
+            return 0;
+        if (row_reserve(5) < 0)
+            return -1;
+        put_u32(1);
+        row[n_row++] = v->kind == N_TRUE;
+        return 1;
+    case 't': { /* timestamp -> timestamp with time zone */
+        int64_t us;
+        if (v->kind != N_STR || !v->plain || !timestamp_us(s, v->len, &us))
+            return 0;
+        return put_i64(us) < 0 ? -1 : 1;
+    }
+    case 'v': { /* vector(dim) -> real[] */
+        if (v->kind != N_ARR || v->len != dim)
+            return 0;
+        if (row_reserve(4 + 20 + 8 * dim) < 0)
+            return -1;
+        put_u32((uint32_t)(20 + 8 * dim));
+        put_u32(1);   /* dimensions */
+        put_u32(0);   /* no nulls */
+        put_u32(700); /* float4 */
+        put_u32((uint32_t)dim);
+        put_u32(1); /* lower bound */
+        for (Py_ssize_t e = 0; e < dim; e++) {
+            double x;
+            if (!number_value(&nodes[kids[v->start + e]], &x) || !(fabs(x) <= FLOAT32_LIMIT))
+                return 0;
+            float f = (float)x;
+            uint32_t bits;
+            memcpy(&bits, &f, 4);
+            put_u32(4);
+            put_u32(bits);
+        }
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+
+typedef struct {
+    PyObject *routes;         /* record type -> (fields, kinds, required, dims, emitted, drop_unknown, rows, keys, ends) */
+    const int64_t *pos;       /* per input line: its _pos */
+    const int64_t *offsets;   /* per input line: its line number or offset */
+    const int64_t *units;     /* per input line: its unit */
+    PyObject *prefixes;       /* per unit: its position prefix (bytes) */
+    const char *type_name, *id_name, *version_name;
+    Py_ssize_t type_len, id_len, version_len;
+} Direct;
+
+static int same_key(Node *k, const char *name, Py_ssize_t len) {
+    return name != NULL && k->len == len && memcmp(line_bytes + k->start, name, (size_t)len) == 0;
+}
+
+static unsigned char *keytext;
+static Py_ssize_t cap_keytext;
+
+/* The parsed record `top` (line i) as a direct row: 1 (staged, or counted as a repeat);
+   not sure: 0 (the dict path takes it); Python error: -1. */
+static int direct_row(Direct *dx, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40],
+                      PyObject *fixed_type, PyObject *connector, Py_ssize_t max_key, PyObject *seen_lines,
+                      PyObject *seen_keys, PyObject *skipped, PyObject *in_batch) {
+    Node *obj = &nodes[top];
+    Py_ssize_t type_node = -1, id_node = -1;
+    for (Py_ssize_t m = 0; m < obj->len; m++) {
+        Node *k = &nodes[kids[obj->start + 2 * m]];
+        if (!k->plain)
+            return 0;
+        if (same_key(k, dx->version_name, dx->version_len))
+            return 0; /* a stated schema version: the dict path checks it */
+        if (same_key(k, dx->type_name, dx->type_len))
+            type_node = kids[obj->start + 2 * m + 1];
+        if (same_key(k, dx->id_name, dx->id_len))
+            id_node = kids[obj->start + 2 * m + 1];
+    }
+    if (id_node < 0 || nodes[id_node].kind != N_STR || !nodes[id_node].plain || nodes[id_node].len == 0)
+        return 0;
+    PyObject *record_type;
+    if (fixed_type != Py_None) {
+        record_type = fixed_type;
+        Py_INCREF(record_type);
+    } else {
+        if (type_node < 0 || nodes[type_node].kind != N_STR)
+            return 0;
+        record_type = key_of(&nodes[type_node]);
+        if (record_type == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+    }
+    int status = 0;
+    PyObject *key = NULL;
+    PyObject *route = PyDict_GetItemWithError(dx->routes, record_type);
+    if (route == NULL) {
+        status = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    PyObject *fields = PyTuple_GET_ITEM(route, 0), *kinds = PyTuple_GET_ITEM(route, 1);
+    PyObject *required = PyTuple_GET_ITEM(route, 2), *dims = PyTuple_GET_ITEM(route, 3);
+    Py_ssize_t emitted = PyLong_AsSsize_t(PyTuple_GET_ITEM(route, 4));
+    int drop_unknown = PyObject_IsTrue(PyTuple_GET_ITEM(route, 5));
+    PyObject *rows = PyTuple_GET_ITEM(route, 6), *keys = PyTuple_GET_ITEM(route, 7), *ends = PyTuple_GET_ITEM(route, 8);
+    Py_ssize_t ncols = PyBytes_GET_SIZE(kinds);
+    const char *kind = PyBytes_AS_STRING(kinds), *need = PyBytes_AS_STRING(required);
+    if (ncols > MAX_DIRECT_COLUMNS)
+        goto done;
+    for (Py_ssize_t c = 0; c < ncols; c++)
+        col_node[c] = -1;
+    for (Py_ssize_t m = 0; m < obj->len; m++) {
+        PyObject *name = key_of(&nodes[kids[obj->start + 2 * m]]);
+        if (name == NULL) {
+            status = PyErr_Occurred() ? -1 : 0;
+            goto done;
+        }
+        PyObject *at = PyDict_GetItemWithError(fields, name);
+        Py_DECREF(name);
+        if (at == NULL) {
+            if (PyErr_Occurred()) {
+                status = -1;
+                goto done;
+            }
+            if (drop_unknown)
+                continue;
+            goto done; /* an unknown field: _extra and _props, or a strict reject */
+        }
+        Py_ssize_t c = PyLong_AsSsize_t(at);
+        if (c >= 0 && c < ncols)
+            col_node[c] = kids[obj->start + 2 * m + 1];
+    }
+    /* The key, as records.py makes it: <namespace>:<type>:<ext id>:<sha1[:12]>. */
+    Py_ssize_t ns_len, type_len;
+    const char *ns = PyUnicode_AsUTF8AndSize(connector, &ns_len);
+    const char *type_text = ns ? PyUnicode_AsUTF8AndSize(record_type, &type_len) : NULL;
+    if (type_text == NULL) {
+        status = -1;
+        goto done;
+    }
+    Node *id = &nodes[id_node];
+    Py_ssize_t key_len = ns_len + 1 + type_len + 1 + id->len + 1 + 12;
+    if (grow((void **)&keytext, &cap_keytext, key_len, 1) < 0) {
+        PyErr_NoMemory();
+        status = -1;
+        goto done;
+    }
+    unsigned char *kt = keytext;
+    memcpy(kt, ns, (size_t)ns_len);
+    kt += ns_len;
+    *kt++ = ':';
+    memcpy(kt, type_text, (size_t)type_len);
+    kt += type_len;
+    *kt++ = ':';
+    memcpy(kt, line_bytes + id->start, (size_t)id->len);
+    kt += id->len;
+    *kt++ = ':';
+    memcpy(kt, hex, 12);
+    key = PyUnicode_DecodeUTF8((const char *)keytext, key_len, NULL);
+    if (key == NULL) {
+        status = -1;
+        goto done;
+    }
+    if (PyUnicode_GET_LENGTH(key) > max_key)
+        goto done;
+    /* The row: 11 staged system columns, then the typed ones. */
+    n_row = 0;
+    if (row_reserve(2) < 0) {
+        status = -1;
+        goto done;
+    }
+    put_u16((uint16_t)(11 + emitted));
+    if (dx->units[i] < 0 || dx->units[i] >= PyList_GET_SIZE(dx->prefixes))
+        goto done; /* no prefix for its unit: the Arrow path says what that means */
+    PyObject *prefix = PyList_GET_ITEM(dx->prefixes, dx->units[i]);
+    char number[24];
+    int digits = snprintf(number, sizeof number, "%lld", (long long)dx->offsets[i]);
+    if (put_i64(dx->pos[i]) < 0 || put_bytes(keytext, key_len) < 0 || put_bytes(line_bytes + id->start, id->len) < 0 ||
+        put_bytes(hex, 40) < 0 || row_reserve(4 + PyBytes_GET_SIZE(prefix) + digits) < 0) {
+        status = -1;
+        goto done;
+    }
+    put_u32((uint32_t)(PyBytes_GET_SIZE(prefix) + digits)); /* _source */
+    memcpy(row + n_row, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix));
+    n_row += PyBytes_GET_SIZE(prefix);
+    memcpy(row + n_row, number, (size_t)digits);
+    n_row += digits;
+    if (row_reserve(5 + n_out + 5 * 4) < 0) {
+        status = -1;
+        goto done;
+    }
+    put_u32((uint32_t)(1 + n_out)); /* _payload: jsonb version 1, then the canonical text */
+    row[n_row++] = 1;
+    memcpy(row + n_row, out, (size_t)n_out);
+    n_row += n_out;
+    for (int c = 0; c < 5; c++) /* _extra, _props, _meta, _version, _upgraded */
+        put_u32(0xFFFFFFFFu);
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        Py_ssize_t node = col_node[c];
+        if (node < 0 || nodes[node].kind == N_NULL) {
+            if (need[c])
+                goto done; /* required: the dict path words the reject */
+            if (kind[c] != 'd' && put_null() < 0) {
+                status = -1;
+                goto done;
+            }
+            continue;
+        }
+        if (kind[c] == 'd')
+            continue; /* dynamic: PostgreSQL takes it from _payload */
+        Py_ssize_t dim = kind[c] == 'v' ? PyLong_AsSsize_t(PyTuple_GET_ITEM(dims, c)) : 0;
+        int put = put_value(kind[c], node, dim);
+        if (put <= 0) {
+            status = put;
+            goto done;
+        }
+    }
+    if (seen_keys != Py_None) {
+        PyObject *known = PyDict_GetItemWithError(seen_keys, key);
+        if (known != NULL) {
+            status = note_repeat(known, i, in_batch, skipped) < 0 ? -1 : 1;
+            goto done;
+        }
+        /* A direct row is good for sure: its memory entries are final (no settle needed). */
+        if (PyErr_Occurred() || PyDict_SetItem(seen_keys, key, record_type) < 0 ||
+            PyDict_SetItem(seen_lines, raw, record_type) < 0) {
+            status = -1;
+            goto done;
+        }
+    }
+    Py_ssize_t had = PyByteArray_GET_SIZE(rows);
+    if (PyByteArray_Resize(rows, had + n_row) < 0 || PyList_Append(keys, key) < 0) {
+        status = -1;
+        goto done;
+    }
+    memcpy(PyByteArray_AS_STRING(rows) + had, row, (size_t)n_row);
+    status = append_steal(ends, PyLong_FromSsize_t(had + n_row)) < 0 ? -1 : 1;
+done:
+    Py_XDECREF(key);
+    Py_DECREF(record_type);
+    return status;
+}
+
 PyDoc_STRVAR(coerce_lines_doc,
              "coerce_lines(raws: list, start: int, plan: tuple) -> int\n\n"
              "Run records.py's per-record loop over raws[start:] for the records it is sure of,\n"
@@ -1115,17 +1582,47 @@ static PyObject *coerce_lines(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *out_input, *out_type, *out_key, *out_ext, *out_hash, *out_payload, *out_extra, *out_props,
         *out_errors, *routes, *fixed_type, *type_field, *id_field, *connector, *version_field, *declared,
-        *shallow, *too_long, *seen_lines, *seen_keys, *skipped, *fresh, *in_batch, *on_unknown;
+        *shallow, *too_long, *seen_lines, *seen_keys, *skipped, *fresh, *in_batch, *on_unknown, *direct;
     Py_ssize_t max_key;
-    if (!PyArg_ParseTuple(plan, "O!O!O!O!O!O!O!O!O!O!OOUUUOO!O!nOOOOO!O:NativePlan", &PyList_Type, &out_input,
+    if (!PyArg_ParseTuple(plan, "O!O!O!O!O!O!O!O!O!O!OOUUUOO!O!nOOOOO!OO:NativePlan", &PyList_Type, &out_input,
                           &PyList_Type, &out_type, &PyList_Type, &out_key, &PyList_Type, &out_ext, &PyList_Type,
                           &out_hash, &PyList_Type, &out_payload, &PyList_Type, &out_extra, &PyList_Type, &out_props,
                           &PyList_Type, &out_errors, &PyDict_Type, &routes, &fixed_type, &type_field, &id_field,
                           &connector, &version_field, &declared, &PyFrozenSet_Type, &shallow, &PySet_Type,
                           &too_long, &max_key, &seen_lines, &seen_keys, &skipped, &fresh, &PyList_Type, &in_batch,
-                          &on_unknown))
+                          &on_unknown, &direct))
         return NULL;
     int repeats = seen_lines != Py_None;
+    /* direct: None, or (routes, pos, offsets, units, prefixes, type field, id field, version field) */
+    Direct dx = {0};
+    Py_buffer pos_buf = {0}, offsets_buf = {0}, units_buf = {0};
+    int use_direct = direct != Py_None;
+    if (use_direct) {
+        PyObject *routes_d, *prefixes, *tname, *iname, *vname;
+        if (!PyArg_ParseTuple(direct, "O!y*y*y*O!OOO:DirectPlan", &PyDict_Type, &routes_d, &pos_buf, &offsets_buf,
+                              &units_buf, &PyList_Type, &prefixes, &tname, &iname, &vname))
+            return NULL;
+        dx.routes = routes_d;
+        dx.pos = (const int64_t *)pos_buf.buf;
+        dx.offsets = (const int64_t *)offsets_buf.buf;
+        dx.units = (const int64_t *)units_buf.buf;
+        dx.prefixes = prefixes;
+        Py_ssize_t lines = PyList_GET_SIZE(raws);
+        int bad = pos_buf.len != lines * 8 || offsets_buf.len != lines * 8 || units_buf.len != lines * 8;
+        dx.type_name = tname == Py_None ? NULL : PyUnicode_AsUTF8AndSize(tname, &dx.type_len);
+        dx.id_name = PyUnicode_AsUTF8AndSize(iname, &dx.id_len);
+        dx.version_name = vname == Py_None ? NULL : PyUnicode_AsUTF8AndSize(vname, &dx.version_len);
+        if (bad || dx.id_name == NULL || (tname != Py_None && dx.type_name == NULL) ||
+            (vname != Py_None && dx.version_name == NULL)) {
+            if (bad)
+                PyErr_SetString(PyExc_ValueError, "DirectPlan: one pos, offset and unit per line");
+            PyBuffer_Release(&pos_buf);
+            PyBuffer_Release(&offsets_buf);
+            PyBuffer_Release(&units_buf);
+            return NULL;
+        }
+    }
+    PyObject *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(raws), i;
     for (i = start; i < n; i++) {
         PyObject *raw = PyList_GET_ITEM(raws, i);
@@ -1142,27 +1639,38 @@ static PyObject *coerce_lines(PyObject *self, PyObject *args) {
             PyObject *known = PyDict_GetItemWithError(seen_lines, raw);
             if (known != NULL) {
                 if (note_repeat(known, i, in_batch, skipped) < 0)
-                    return NULL;
+                    goto fail;
                 continue;
             }
             if (PyErr_Occurred())
-                return NULL;
+                goto fail;
         }
         if (PySet_GET_SIZE(too_long)) {
             PyObject *index = PyLong_FromSsize_t(i);
             int over = index ? PySet_Contains(too_long, index) : -1;
             Py_XDECREF(index);
             if (over < 0)
-                return NULL;
+                goto fail;
             if (over)
                 break;
         }
         PyObject *record, *canonical, *digest;
-        int got = read_line(bytes, size, shallow, &record, &canonical, &digest);
-        if (got < 0)
-            return NULL;
-        if (got == 0)
+        char hex[40];
+        Py_ssize_t top = parse_line(bytes, size, hex);
+        if (top == -1)
+            goto fail;
+        if (top < 0)
             break;
+        if (use_direct) {
+            int taken = direct_row(&dx, top, i, raw, hex, fixed_type, connector, max_key, seen_lines, seen_keys,
+                                   skipped, in_batch);
+            if (taken < 0)
+                goto fail;
+            if (taken)
+                continue;
+        }
+        if (build_record(top, hex, shallow, &record, &canonical, &digest) < 0)
+            goto fail;
         PyObject *key = NULL, *unknown = NULL;
         int ok = 0; /* 1: taken; 0: the Python loop decides; -1: error */
         PyObject *record_type = fixed_type;
@@ -1285,11 +1793,18 @@ static PyObject *coerce_lines(PyObject *self, PyObject *args) {
         Py_DECREF(canonical);
         Py_DECREF(digest);
         if (ok < 0)
-            return NULL;
+            goto fail;
         if (ok == 0)
             break;
     }
-    return PyLong_FromSsize_t(i);
+    result = PyLong_FromSsize_t(i);
+fail:
+    if (use_direct) {
+        PyBuffer_Release(&pos_buf);
+        PyBuffer_Release(&offsets_buf);
+        PyBuffer_Release(&units_buf);
+    }
+    return result;
 }
 
 PyDoc_STRVAR(columns_doc,

@@ -315,7 +315,82 @@ def cyclic_gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines | None = None) -> pa.RecordBatch:
+class DirectRows:
+    """Rows the C path wrote straight into PostgreSQL's binary COPY format, per record type.
+
+    On the commit path (:func:`idem_platform.spark.stage.stage_slice`) an ordinary
+    record never becomes a Python object: :mod:`idem_platform.coercion._native` writes
+    its staging row (the staged system columns, then the typed ones, as the Arrow path
+    and pgpq would) into :attr:`rows` of its type, and the staging writer COPYs those
+    bytes as they are. Such rows are not in the Arrow batch ``coerce_batch`` returns;
+    every record the C path is not sure of still is.
+
+    Attributes:
+        rows: per record type, its rows' COPY tuples, back to back (no header).
+        keys: per record type, each row's idempotency key.
+        ends: per record type, where each row ends in ``rows``.
+    """
+
+    def __init__(self, record_types: list[str]) -> None:
+        self.rows: dict[str, bytearray] = {name: bytearray() for name in record_types}
+        self.keys: dict[str, list[str]] = {name: [] for name in record_types}
+        self.ends: dict[str, list[int]] = {name: [] for name in record_types}
+
+    def count(self, record_type: str) -> int:
+        return len(self.ends.get(record_type, ()))
+
+
+_DIRECT_KINDS = {"string": "s", "int": "i", "long": "l", "real": "r", "bool": "b", "timestamp": "t", "vector": "v", "dynamic": "d"}
+
+
+def direct_supported(spec: RecordSpec) -> bool:
+    """Whether a batch of ``spec`` may write direct rows: the commit path's shapes (microsecond
+    timestamps, ``dynamic`` values left to PostgreSQL), no connector-declared schema version
+    and no source metadata to keep."""
+    return (
+        native.enabled()
+        and spec.spark_types
+        and not spec.dynamic_values
+        and spec.declared_version is None
+        and not spec.keep_meta
+        and all(c.type.kind in _DIRECT_KINDS for t in spec.tables.values() for c in t.columns)
+    )
+
+
+def _direct_plan(
+    spec: RecordSpec, tables: dict[str, _TableRows], direct: DirectRows, units: np.ndarray, offsets: np.ndarray, ignored: set[str]
+) -> tuple[Any, ...]:
+    """What ``_native.coerce_lines`` needs to write direct rows for this batch."""
+    routes = {}
+    for name, table in tables.items():
+        columns = table.spec.columns
+        fields: dict[str, int] = {c.name: index for index, c in enumerate(columns)}
+        for known in ignored:
+            fields.setdefault(known, -1)
+        routes[name] = (
+            fields,
+            "".join(_DIRECT_KINDS[c.type.kind] for c in columns).encode(),
+            bytes(int(c.required) for c in columns),
+            tuple(c.type.dim or 0 for c in columns),
+            sum(c.type.kind != "dynamic" for c in columns),
+            table.contract == DROP,
+            direct.rows.setdefault(name, bytearray()),
+            direct.keys.setdefault(name, []),
+            direct.ends.setdefault(name, []),
+        )
+    units64 = units.astype(np.int64)
+    bases = np.asarray([base for _, base in spec.units] or [0], dtype=np.int64)
+    offsets64 = offsets.astype(np.int64)
+    pos = (units64 << LINE_BITS) | (offsets64 - bases[units64])
+    return (
+        routes, pos.tobytes(), offsets64.tobytes(), units64.tobytes(), [prefix.encode() for prefix, _ in spec.units],
+        None if spec.record_type is not None else spec.record_type_field, spec.id_field, spec.version_field,
+    )
+
+
+def coerce_batch(
+    batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines | None = None, direct: DirectRows | None = None
+) -> pa.RecordBatch:
     """Turn one batch of lines into one batch of coerced rows and rejects.
 
     Blank lines are dropped (they are not records); every other line yields
@@ -325,12 +400,17 @@ def coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines
     are parsed, keyed and routed one by one; typed columns are then converted a
     whole column at a time (:mod:`idem_platform.coercion.columns`), and positions
     are computed for the whole batch at once.
+
+    With ``direct`` (the commit path, when :func:`direct_supported`), the ordinary
+    records go to ``direct`` as staging rows instead of into the returned batch.
     """
     with cyclic_gc_paused():
-        return _coerce_batch(batch, spec, repeats)
+        return _coerce_batch(batch, spec, repeats, direct if direct is not None and direct_supported(spec) else None)
 
 
-def _coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines | None) -> pa.RecordBatch:
+def _coerce_batch(
+    batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines | None, direct: DirectRows | None = None
+) -> pa.RecordBatch:
     raws = batch.column("_raw").to_pylist()
     offsets_np = batch.column("_offset").to_numpy(zero_copy_only=False)
     units_np = batch.column("_unit").to_numpy(zero_copy_only=False)
@@ -386,6 +466,7 @@ def _coerce_batch(batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLine
             _shallow_fields(spec), too_long, MAX_KEY_LENGTH,
             *((seen_lines, seen_keys, repeats.skipped, fresh) if repeats is not None else (None,) * 4),
             repeated_in_batch, _TableRows.unknown_fields,
+            _direct_plan(spec, tables, direct, units_np, offsets_np, ignored) if direct is not None else None,
         )
         indices = native.declined(raws, plan)
     for i in indices:

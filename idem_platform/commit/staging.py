@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from psycopg import sql
 
 from idem_platform.catalog import Column, TableSpec
+from idem_platform.coercion.records import DirectRows
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.errors import TransientError
 from idem_platform.postgres.connection import connect
@@ -266,6 +267,29 @@ class BinaryCopy:
             return cursor.rowcount
 
 
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature, flags, header extension length
+_COPY_TRAILER = b"\xff\xff"
+
+
+def copy_direct(conn: psycopg.Connection, table: str, columns: list[str], rows: bytes | bytearray | memoryview) -> int:
+    """COPY rows already in PostgreSQL's binary tuple format (:class:`DirectRows`) in one statement;
+    returns the rows PostgreSQL took."""
+    statement = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT binary)").format(
+        staged_ident(table), sql.SQL(", ").join(sql.Identifier(name) for name in columns)
+    )
+    with conn.cursor() as cursor:
+        with cursor.copy(statement) as copy:
+            copy.write(_COPY_HEADER)
+            copy.write(rows)
+            copy.write(_COPY_TRAILER)
+        return cursor.rowcount
+
+
+def staged_column_names(spec: TableSpec) -> list[str]:
+    """The staging table's columns in staging order (what :func:`staged_rows` and direct rows hold)."""
+    return [name for name, _ in STAGED_SYSTEM] + [c.name for c in staged_columns(spec)]
+
+
 class StagingWriter:
     """One task attempt's COPY stream into the commit's staging tables.
 
@@ -293,18 +317,28 @@ class StagingWriter:
         self.props_fields: dict[str, set[str]] = {}  # record type -> fields that went to props
         self.rejected = 0
         self._copiers: dict[str, BinaryCopy] = {}
+        self._tables: dict[str, str] = {}  # template -> this attempt's table
+
+    def _table(self, template: str) -> str:
+        """This attempt's table of ``template``, created on first use."""
+        table = self._tables.get(template)
+        if table is None:
+            table = self._tables[template] = create_attempt_table(self.conn, self.plan, template, self.attempt)
+        return table
 
     def _copy(self, template: str, rows: pa.RecordBatch) -> None:
         copier = self._copiers.get(template)
         if copier is None:
-            table = create_attempt_table(self.conn, self.plan, template, self.attempt)
-            copier = self._copiers[template] = BinaryCopy(table, rows.schema)
-        copied = copier.write(self.conn, rows)
-        if copied != rows.num_rows:  # the commit message would vouch for rows that are not there
-            raise TransientError(f"COPY staged {copied} of {rows.num_rows} rows into {template}; nothing was committed")
+            copier = self._copiers[template] = BinaryCopy(self._table(template), rows.schema)
+        self._check(template, copier.write(self.conn, rows), rows.num_rows)
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        """Stage one batch of the ``coerced`` frame."""
+    @staticmethod
+    def _check(template: str, copied: int, rows: int) -> None:
+        if copied != rows:  # the commit message would vouch for rows that are not there
+            raise TransientError(f"COPY staged {copied} of {rows} rows into {template}; nothing was committed")
+
+    def write(self, batch: pa.RecordBatch, direct: DirectRows | None = None) -> None:
+        """Stage one batch of the ``coerced`` frame, and the rows ``coerce_batch`` wrote to ``direct``."""
         for record_type, spec in self.plan.tables.items():
             rows, with_extra = staged_rows(batch, record_type, spec)
             if rows.num_rows and record_type in self._probing:
@@ -316,10 +350,51 @@ class StagingWriter:
                 props = props_field_names(batch, record_type)
                 if props:
                     self.props_fields.setdefault(record_type, set()).update(props)
+            if direct is not None and direct.count(record_type):
+                self._write_direct(record_type, spec, direct)
         rejects = staged_rejects(batch)
         if rejects.num_rows:
             self._copy(self.plan.rejects_table, rejects)
             self.rejected += rejects.num_rows
+
+    def _write_direct(self, record_type: str, spec: TableSpec, direct: DirectRows) -> None:
+        """COPY a record type's direct rows (without those the table already holds, while probing)."""
+        data: bytes | bytearray = direct.rows[record_type]
+        ends = direct.ends[record_type]
+        count = len(ends)
+        if record_type in self._probing:
+            found = self._known_indexes(record_type, direct.keys[record_type])
+            if found:
+                held = set(found)
+                view = memoryview(data)
+                data = b"".join(
+                    view[(ends[i - 1] if i else 0) : ends[i]] for i in range(count) if i + 1 not in held
+                )
+                self.known[record_type] = self.known.get(record_type, 0) + len(found)
+                count -= len(found)
+        if count:
+            template = self.plan.staging_table(record_type)
+            copied = copy_direct(self.conn, self._table(template), staged_column_names(spec), data)
+            self._check(template, copied, count)
+            self.rows[record_type] = self.rows.get(record_type, 0) + count
+
+    def _known_indexes(self, record_type: str, keys: list[str]) -> list[int]:
+        """The (1-based) positions of the ``keys`` the table holds; stops the attempt's probing
+        of the type when they are under :data:`PROBE_MIN_HITS` of them."""
+        if not keys or any("\n" in key for key in keys):
+            return []
+        # One text parameter, split by the server: a key never holds a newline (an
+        # external id that is not printable ASCII is hashed into the key), and
+        # psycopg's text[] dumper would cost more Python per key than the probe.
+        query = sql.SQL(
+            "SELECT k.i FROM unnest(string_to_array(%s, E'\\n')) WITH ORDINALITY AS k(key, i) "
+            "WHERE EXISTS (SELECT 1 FROM {} t WHERE t._idempotency_key = k.key)"
+        ).format(table_ident(record_type))
+        with self.conn.cursor(binary=True) as cursor:
+            found = [i for (i,) in cursor.execute(query, ["\n".join(keys)]).fetchall()]
+        if len(found) < PROBE_MIN_HITS * len(keys):
+            self._probing.discard(record_type)
+        return found
 
     def _without_known(self, record_type: str, rows: pa.RecordBatch) -> pa.RecordBatch:
         """``rows`` without those whose key the table holds (counted in :attr:`known`).
@@ -338,19 +413,7 @@ class StagingWriter:
         keys = rows.column("_idempotency_key")
         plain = pc.is_null(rows.column("_extra"))
         candidates = pc.filter(keys, plain)
-        if not len(candidates) or pc.any(pc.match_substring(candidates, "\n")).as_py():
-            return rows
-        # One text parameter, split by the server: a key never holds a newline (an
-        # external id that is not printable ASCII is hashed into the key), and
-        # psycopg's text[] dumper would cost more Python per key than the probe.
-        query = sql.SQL(
-            "SELECT k.i FROM unnest(string_to_array(%s, E'\\n')) WITH ORDINALITY AS k(key, i) "
-            "WHERE EXISTS (SELECT 1 FROM {} t WHERE t._idempotency_key = k.key)"
-        ).format(table_ident(record_type))
-        with self.conn.cursor(binary=True) as cursor:
-            found = [i for (i,) in cursor.execute(query, ["\n".join(candidates.to_pylist())]).fetchall()]
-        if len(found) < PROBE_MIN_HITS * len(candidates):
-            self._probing.discard(record_type)
+        found = self._known_indexes(record_type, candidates.to_pylist())
         if not found:
             return rows
         held = np.zeros(len(candidates), dtype=bool)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from idem_platform.coercion.records import RepeatedLines, coerce_batch
+from idem_platform.coercion.records import DirectRows, RepeatedLines, coerce_batch
 from idem_platform.commit.plan import CommitPlan
 from idem_platform.commit.promote import StagedAttempt
 from idem_platform.commit.staging import StagingWriter, new_attempt_id
@@ -69,7 +69,8 @@ def stage_slice(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[
     try:
         for chunk in plan.slices[index].read(plan.index_of, max_record_bytes=plan.spec.max_line_bytes):
             _note_newest(chunk, newest)
-            writer.write(coerce_batch(chunk, plan.spec, repeats))
+            direct = DirectRows(list(plan.tables))  # ordinary records skip Arrow: straight to COPY rows
+            writer.write(coerce_batch(chunk, plan.spec, repeats, direct), direct)
             checkpoint("staging", split=index, attempt=attempt_number)
     finally:
         writer.close()
