@@ -15,6 +15,12 @@ So the Python loop stays the definition; the C path is a shortcut that must agre
 with it byte for byte, which ``idem_platform_tests/test_native.py`` checks on
 generated records and the spec vectors.
 
+On the commit path it goes one step further (``DirectRows`` in
+:mod:`~idem_platform.coercion.records`): an ordinary record whose every value is of the
+plain kind becomes its staging row in PostgreSQL's binary COPY format straight from the
+line, with no Python object, Arrow array or pgpq pass at all; the Arrow path would stage
+the same bytes, which ``idem_platform_tests/test_direct_rows.py`` checks in PostgreSQL.
+
 ``IDEM_NATIVE=0`` in the environment turns it off (the Python path alone).
 """
 
