@@ -154,3 +154,45 @@ def test_staged_rows_are_the_batch_rows_of_their_type_in_staging_columns(
                 {**{n: r[n] for n in names}, **{n: r[record_type][n] for n in typed}} for r in mine
             ]
             assert with_extra == sum(r["_extra"] is not None for r in mine)
+
+
+def _set(batch: pa.RecordBatch, name: str, row: int, value: str) -> pa.RecordBatch:
+    values = batch.column(name).to_pylist()
+    values[row] = value
+    return batch.set_column(batch.schema.get_field_index(name), name, pa.array(values, batch.schema.field(name).type))
+
+
+def test_a_row_postgresql_refuses_at_staging_is_that_records_reject(
+    pg_url: str, staged: tuple[CommitPlan, list[str], RecordSpec]
+) -> None:
+    """What coercion lets through and PostgreSQL still refuses (here: NUL in a good row's
+    source metadata, NUL in a typed text column, NUL in a reject's context) is that record's
+    reject, the batch's other rows staged: never a failed batch, never a transient error."""
+    plan, lines, spec = staged
+    half_0 = _batch([*lines[:19], "not json"], 1, spec)
+    assert half_0.column("_errors").null_count == 19
+    half_0 = _set(half_0, "_meta", 2, '{"key":"\\u0000"}')  # jsonb refuses \u0000
+    typed = [i for i, t in enumerate(half_0.column("_record_type").to_pylist()) if t == "indicator"]
+    assert typed[-1] > 2  # another row than the one whose metadata is refused
+    struct = half_0.column("indicator")
+    names = struct.field(struct.type.get_field_index("name")).to_pylist()
+    names[typed[-1]] = "a\x00b"  # text refuses NUL
+    children = [pa.array(names, pa.string()) if f.name == "name" else struct.field(i) for i, f in enumerate(struct.type)]
+    half_0 = half_0.set_column(
+        half_0.schema.get_field_index("indicator"), "indicator",
+        pa.StructArray.from_arrays(children, fields=list(struct.type), mask=struct.is_null()),
+    )
+    half_0 = _set(half_0, "_meta", 19, '{"key":"\\u0000"}')  # the reject's own context
+    first = _stage(pg_url, plan, half_0, 0)
+    assert sum(first.rows.values()) == 17 and first.rejected == 3
+    with connect(pg_url) as conn:
+        result = promote(conn, plan, [first, _stage(pg_url, plan, _batch(lines[20:], 21, spec), 1)])
+    assert (result["rows_written"], result["rows_rejected"]) == (37, 3)
+    with connect(pg_url) as conn:
+        rejects = conn.execute("SELECT line, raw, reasons, context FROM idem.rejects ORDER BY line").fetchall()
+    assert [line for line, *_ in rejects] == sorted([3, typed[-1] + 1, 20])
+    by_line = {line: (raw, reasons, context) for line, raw, reasons, context in rejects}
+    assert by_line[3][1][0]["rule"] == "postgres" and "'_meta'" in by_line[3][1][0]["message"]
+    assert by_line[3][0] == half_0.column("_payload")[2].as_py() and by_line[3][2] is None
+    assert by_line[typed[-1] + 1][1][0]["rule"] == "postgres" and "'name'" in by_line[typed[-1] + 1][1][0]["message"]
+    assert [r["rule"] for r in by_line[20][1]] == ["json", "postgres"] and by_line[20][2] is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 from pandera.errors import SchemaErrors
@@ -86,3 +87,49 @@ def test_text_of_the_wrong_type_fails() -> None:
     with pytest.raises(SchemaErrors) as failed:
         pandera_schema(THING).validate(contract_frame(rows, "thing", THING), lazy=True)
     assert "name" in set(failed.value.failure_cases["column"])
+
+
+# The extremes of every catalog type's range (DESIGN §3), each column mixed with nulls and
+# missing fields: a nullable integer column once went through pandas' float64, turned
+# 2**63-1 into 2**63 and failed the blocking check on a valid file, on every retry.
+EXTREMES = [
+    {"id": "lo", "name": "", "n": -(2**31), "big": -(2**63), "score": -1.7976931348623157e308, "flag": False,
+     "at": "1677-09-21T00:12:43.145224192Z", "emb": [-3.4028234663852886e38, -1.401298464324817e-45, 0.0],
+     "tags": {"deep": [[[None]]], "big": 2**64}},
+    {"id": "nulls", "name": "x", "n": None, "big": None, "score": None, "flag": None, "at": None, "emb": None,
+     "tags": None},
+    {"id": "hi", "name": "ünïcode ✓ 𝄞" * 1000, "n": 2**31 - 1, "big": 2**63 - 1, "score": 1.7976931348623157e308,
+     "flag": True, "at": "2262-04-11T23:47:16.854775807Z", "emb": [3.4028234663852886e38, 1.401298464324817e-45, -0.0],
+     "tags": "just text"},
+    {"id": "missing", "name": "only a name"},
+    {"id": "tiny", "name": "\t\n", "n": 0, "big": 0, "score": 5e-324, "at": -(2**63), "emb": [1e-38, 1, -1],
+     "tags": [1.5e300, -0.0]},
+    {"id": "epoch", "name": "epoch", "score": -5e-324, "at": 2**63 - 1, "tags": True},
+]
+
+
+@pytest.mark.parametrize("spark_types", [True, False], ids=["commit_types", "catalog_types"])
+def test_every_catalog_type_at_its_extremes_with_nulls_passes(spark_types: bool) -> None:
+    spec = RecordSpec(
+        connector="feed", tables={"thing": THING}, units=(("feed:ab#L", 0),), record_type="thing",
+        spark_types=spark_types,
+    )
+    for order in (EXTREMES, EXTREMES[::-1]):  # a null first or a value first: the same result
+        batch = coerce_batch(lines_batch([json.dumps(line).encode() for line in order]), spec)
+        assert batch.column("_errors").to_pylist() == [None] * len(order)
+        rows = pa.Table.from_batches([batch])
+        frame = contract_frame(rows, "thing", THING)
+        pandera_schema(THING, spark=spark_types).validate(frame, lazy=True)
+        by_id = dict(zip(rows.column("_external_id").to_pylist(), frame["big"].tolist(), strict=True))
+        assert by_id["hi"] == 2**63 - 1 and by_id["lo"] == -(2**63) and by_id["nulls"] is pd.NA
+
+
+def test_numbers_of_the_wrong_type_fail() -> None:
+    """Arrow types are checked as they are: a ``long`` column that is float64 or an ``int``
+    column that is int64 (a bug upstream) fails, where coercing it would have hidden it."""
+    rows = coerced_rows()
+    rows = _with_typed(rows, "big", pa.array([1.0, None, 2.0], pa.float64()))
+    rows = _with_typed(rows, "n", pa.array([1, None, -3], pa.int64()))
+    with pytest.raises(SchemaErrors) as failed:
+        pandera_schema(THING).validate(contract_frame(rows, "thing", THING), lazy=True)
+    assert {"big", "n"} <= set(failed.value.failure_cases["column"])

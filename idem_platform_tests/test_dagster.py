@@ -357,3 +357,33 @@ def test_hostile_lines_get_one_outcome_at_line_1_as_at_line_5000_and_never_fail_
         assert word in by_line[index][1] and word in by_line[offset + index][1]
     # "id": "" is a missing id: the example's policy (position) keys it by its place, at both places.
     assert len(empty) == 2 and empty[0][0].endswith(f"#L{len(head)}")
+
+
+def test_a_file_with_int64_max_beside_a_null_is_committed_through_the_contract_check(
+    threatfeed: IdemConfig, pg_url: str, instance: dg.DagsterInstance, spark: Any
+) -> None:
+    """``long`` 2**63-1 in a column that also holds a null once failed the blocking contract
+    check (pandas made the column float64, 2**63 did not fit Int64 back): nothing was
+    committed and every retry failed alike. The extremes of the other types ride along."""
+    lines = [
+        '{"type":"malware","id":"m1","name":"b","sample_size":9223372036854775807}',
+        '{"type":"malware","id":"m2","name":"c"}',
+        '{"type":"malware","id":"m3","name":"d","sample_size":-9223372036854775808,"is_packed":null}',
+        '{"type":"indicator","id":"i1","name":"a","confidence":2147483647,"score":1.7976931348623157e308,'
+        '"created":"2262-04-11T23:47:16.854775807Z","active":true,"embedding":[3.4028234663852886e38,0,0,0,0,0,0,1e-45]}',
+        '{"type":"indicator","id":"i2","name":"z","confidence":null,"score":5e-324,"created":-9223372036854775808}',
+        '{"type":"indicator","id":"i3","name":"y","confidence":-2147483648}',
+    ]
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    path = write_lines(connector.path / "int64max.ndjson", lines)
+    result = run_partition(threatfeed, pg_url, instance, path)
+    assert result.success
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks["pandera_contract"] is True and checks["commit_consistency"] is True
+    assert committed_metadata(result)["rows_written"] == len(lines)
+    with connect(pg_url) as conn:
+        sizes = dict(conn.execute("SELECT _external_id, sample_size FROM idem.malware").fetchall())
+        confidence = dict(conn.execute("SELECT _external_id, confidence FROM idem.indicator").fetchall())
+    assert sizes == {"m1": 2**63 - 1, "m2": None, "m3": -(2**63)}
+    assert confidence == {"i1": 2**31 - 1, "i2": None, "i3": -(2**31)}

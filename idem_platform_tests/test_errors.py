@@ -67,3 +67,22 @@ def test_any_other_executor_failure_is_a_transient_spark_error(spark: Any, job_k
     assert isinstance(error, errors.TransientError)
     assert str(error).startswith("Spark job failed: "), str(error)
     assert "KeyError" in str(error)
+
+
+def test_a_data_error_of_postgresql_is_terminal_on_the_driver_and_in_an_executor(
+    spark: Any, pg_url: str, job_kind: str
+) -> None:
+    """A value PostgreSQL refuses (SQLSTATE class 22) fails the same way on every retry:
+    terminal, where a lost connection is transient."""
+
+    def refuse() -> None:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SELECT '\"\\u0000\"'::jsonb ->> 0")
+
+    in_executor = as_idem_error(_fail_job(spark, refuse, job_kind))
+    with pytest.raises(psycopg.errors.DataError) as on_driver:
+        refuse()
+    driver_error = as_idem_error(on_driver.value)
+    for error in (in_executor, driver_error):
+        assert isinstance(error, errors.TerminalError), error
+        assert str(error).startswith("PostgreSQL: UntranslatableCharacter: "), str(error)

@@ -332,3 +332,30 @@ def test_reserved_names_are_postgresqls_own(pg_url: str) -> None:
     assert not any(is_safe_column_name(name) for name in POSTGRES_SYSTEM_COLUMNS)
     assert rows(pg_url, "SHOW max_identifier_length") == [(str(MAX_IDENTIFIER_BYTES),)]
     assert is_safe_column_name("a" * MAX_IDENTIFIER_BYTES) and not is_safe_column_name("a" * (MAX_IDENTIFIER_BYTES + 1))
+
+
+def test_nul_in_a_line_or_a_value_is_that_records_reject(pg_url: str, threatfeed: IdemConfig, spark: Any) -> None:
+    """PostgreSQL's text and jsonb refuse U+0000. A line with a literal 0x00 byte, or a string
+    "\\u0000" in a typed text column, a ``dynamic`` value or a key, is that record's reject
+    with its reason (its raw text storable), never a failed batch; the rest commit."""
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    good = list(threatfeed_lines(3, seed=46, duplicate_ratio=0.0))
+    hostile = [  # (line, its rule)
+        ('{"type":"indicator","id":"n-byte","name":"a\x00b"}', "json"),
+        ("\x00", "json"),
+        ('{"type":"malware","id":"n-text","name":"a\\u0000b","family":"f"}', "nul"),
+        ('{"type":"indicator","id":"n-dyn","name":"x","tags":{"k":["\\u0000"]}}', "nul"),
+        ('{"type":"indicator","id":"n-key","name":"x","\\u0000":1}', "nul"),
+    ]
+    path = connector.path / "nul.ndjson"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes("\n".join([good[0], *(line for line, _ in hostile), *good[1:]]).encode() + b"\n")
+    summary = ingest(pg_url, threatfeed, spark, path)
+    assert (summary["rows_written"], summary["rows_rejected"]) == (3, len(hostile))
+    rejected = rows(pg_url, "SELECT line, raw, reasons FROM idem.rejects ORDER BY line")
+    assert [line for line, _, _ in rejected] == list(range(2, 2 + len(hostile)))
+    assert [reasons[0]["rule"] for _, _, reasons in rejected] == [rule for _, rule in hostile]
+    assert rejected[0][1] == '{"type":"indicator","id":"n-byte","name":"a\\x00b"}'  # the byte, shown escaped
+    assert rejected[2][1] == hostile[2][0]  # the JSON escape is plain text
+    assert "NUL" in rejected[2][2][0]["message"]

@@ -306,3 +306,65 @@ def test_kafka_metadata_ignore_keeps_no_message_metadata_in_rows_but_rejects_kee
     )}
     assert "_kafka" not in columns and "_source" in columns
     assert rows(pg_url, "SELECT context ->> 'key' FROM idem.rejects") == [("k2",)]  # a poison message is still found
+
+
+SCHEMA_REGISTRY_KEY = b"\x00\x00\x00\x00\x01abc"  # magic byte 0x00, 4-byte schema id, then the key
+
+
+@pytest.mark.parametrize("kafka_metadata", ["include", "ignore"])
+def test_nul_bytes_in_keys_headers_and_values_never_block_the_partition(
+    pg_url: str, tmp_path: Path, spark: Any, kafka_broker: Broker, topic: str, kafka_metadata: str
+) -> None:
+    """A key or header holding NUL (every Schema Registry key starts with one) is valid UTF-8
+    that PostgreSQL's jsonb refuses: it once failed the range's commit as a "transient" error,
+    naming no offset, and every later message of the partition waited behind it for good.
+    Metadata with NUL is kept as base64, like non-UTF-8; a value with NUL is that record's reject."""
+    reset_database(pg_url)
+    create_topic(kafka_broker.bootstrap, topic, 1)
+    config = kafka_config(tmp_path, kafka_broker.bootstrap, [topic], f"kafka_metadata: {kafka_metadata}", pg_url=pg_url)
+    good = [line.encode() for line in threatfeed_lines(4, seed=8, duplicate_ratio=0.0)]
+    messages = [
+        (0, SCHEMA_REGISTRY_KEY, good[0], None),
+        (0, b"k1", good[1], [("trace", b"a\x00b"), ("plain", b"c")]),
+        (0, SCHEMA_REGISTRY_KEY, b"oops", [("trace", b"\x00")]),  # a poison message: its context keeps the key
+        (0, b"k3", b'{"type":"indicator","id":"n1","name":"a\\u0000b"}', None),  # the JSON escape
+        (0, b"k4", b'{"type":"indicator","id":"n2","name":"a\x00b"}', None),  # a literal NUL byte
+        (0, b"k5", b'{"type":"indicator","id":"n3","name":"x","tags":{"k":"\\u0000"}}', None),  # in a dynamic value
+        (0, b"k6", good[2], None),
+        (0, b"k7", good[3], None),
+    ]
+    produce(kafka_broker.bootstrap, topic, messages)
+    summary = ingest(pg_url, config, spark)
+    assert (summary["rows_written"], summary["rows_rejected"]) == (4, 4)
+    with connect(pg_url) as conn:
+        assert committed_offsets(conn, "events") == {(topic, 0): len(messages)}
+    rejects = rows(pg_url, "SELECT line, raw, reasons, context FROM idem.rejects ORDER BY line")
+    assert [r[0] for r in rejects] == [2, 3, 4, 5]
+    assert [[e["rule"] for e in r[2]] for r in rejects] == [["json"], ["nul"], ["json"], ["nul"]]
+    schema_key = {"base64": "AAAAAAFhYmM="}
+    assert rejects[0][3]["key"] == schema_key and rejects[0][3]["headers"] == [["trace", {"base64": "AA=="}]]
+    assert rejects[1][1] == '{"type":"indicator","id":"n1","name":"a\\u0000b"}'  # the escape is fine as text
+    assert "\x00" not in rejects[2][1] and rejects[2][1].startswith('{"type":"indicator","id":"n2"')
+    if kafka_metadata == "include":
+        kept = dict(rows(pg_url, "SELECT _source, _kafka FROM idem.indicator UNION ALL SELECT _source, _kafka FROM idem.malware "
+                         "UNION ALL SELECT _source, _kafka FROM idem.\"threat-actor\""))
+        assert kept[f"{topic}-0@0"]["key"] == schema_key
+        assert kept[f"{topic}-0@1"]["headers"] == [["trace", {"base64": "YQBi"}], ["plain", "c"]]
+    # The partition goes on: later messages commit behind them.
+    produce(kafka_broker.bootstrap, topic, [(0, SCHEMA_REGISTRY_KEY, b'{"type":"malware","id":"m9","name":"z"}', None)])
+    assert ingest(pg_url, config, spark)["rows_written"] == 1
+    with connect(pg_url) as conn:
+        assert committed_offsets(conn, "events") == {(topic, 0): len(messages) + 1}
+
+
+def test_message_metadata_keeps_nul_and_non_utf8_as_base64_and_other_text_as_text() -> None:
+    """Header names too: librdkafka hands them over as C strings (cut at NUL), another
+    client library may not."""
+    from idem_platform.connectors.kafka.reader import message_meta
+
+    meta = json.loads(message_meta(
+        "t", 0, 7, SCHEMA_REGISTRY_KEY, [("a\x00b", b"v"), ("é", b"\xff"), ("n", None), ("ok", "ü".encode())], (1, 5)
+    ))
+    assert meta["key"] == {"base64": "AAAAAAFhYmM="}
+    assert meta["headers"] == [[{"base64": "YQBi"}, "v"], ["é", {"base64": "/w=="}], ["n", None], ["ok", "ü"]]
+    assert "\\u0000" not in json.dumps(meta)

@@ -75,10 +75,21 @@ def as_idem_error(exc: BaseException) -> errors.IdemError:
     if isinstance(exc, errors.IdemError):
         return exc
     if isinstance(exc, psycopg.Error):
-        return errors.TransientError(f"PostgreSQL: {type(exc).__name__}: {str(exc).strip()[:1000]}")
+        return _postgres_error(type(exc).__name__, str(exc))
     if type(exc).__module__.startswith(("pyspark", "py4j")):
         return error_from_spark(exc)
     return errors.TransientError(f"{type(exc).__name__}: {str(exc)[:1000]}")
+
+
+def _postgres_error(name: str, message: str) -> errors.IdemError:
+    """A PostgreSQL failure as an idem error: a data exception (SQLSTATE class 22, psycopg's
+    ``DataError``: a value PostgreSQL cannot store or convert) would meet the same data on
+    every retry, so it is terminal; anything else (a lost connection, a lock) is transient."""
+    text = f"PostgreSQL: {name}: {message.strip()[:1000]}"
+    found = getattr(psycopg.errors, name, None)
+    if isinstance(found, type) and issubclass(found, psycopg.errors.DataError):
+        return errors.TerminalError(text)
+    return errors.TransientError(text)
 
 
 def error_from_spark(exc: BaseException) -> errors.IdemError:
@@ -95,7 +106,7 @@ def error_from_spark(exc: BaseException) -> errors.IdemError:
     if causes and (psycopg_cause := _PSYCOPG_CAUSE.match(causes[-1])):
         # An executor lost PostgreSQL: report it as the driver reports its own losses.
         name, message = psycopg_cause.groups()
-        return errors.TransientError(f"PostgreSQL: {name}: {message.strip()[:1000]}")
+        return _postgres_error(name, message)
     first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
     return errors.TransientError(f"Spark job failed: {(causes[-1] if causes else first)[:1000]}")
 

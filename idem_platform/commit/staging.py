@@ -21,6 +21,7 @@ parsed by the parallel COPYs, not by the single promoting INSERT.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Iterable
@@ -37,7 +38,7 @@ from psycopg import sql
 from idem_platform.catalog import Column, TableSpec
 from idem_platform.coercion.records import DirectRows
 from idem_platform.commit.plan import CommitPlan
-from idem_platform.errors import TransientError
+from idem_platform.errors import TerminalError, TransientError
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.schema import SCHEMA, STAGING_SCHEMA
 from idem_platform.postgres.tables import table_ident
@@ -235,6 +236,71 @@ def staged_rejects(batch: pa.RecordBatch) -> pa.RecordBatch:
 _JSONB = frozenset(name for name, ddl in STAGED_SYSTEM + STAGED_REJECT if ddl.startswith("jsonb"))
 
 
+_COPY_ROW = re.compile(r"\bCOPY \S+, line (\d+)(?:, column ([^\s,:]+))?")
+REFUSED_RULE = "postgres"  # the rule of a reject PostgreSQL refused at staging
+
+
+def refused_row(exc: psycopg.errors.DataError, rows: int) -> tuple[int, str | None, str] | None:
+    """Which row of a COPY PostgreSQL refused with a data error (0-based), in which column,
+    and why; ``None`` when its context names no row of the COPY.
+
+    The COPY context (``COPY <table>, line N, column C``) counts rows from 1 in binary
+    COPY as in text. The reason is PostgreSQL's own message (never the refused text:
+    the reject that carries it must be storable).
+    """
+    match = _COPY_ROW.search(exc.diag.context or "")
+    if match is None or not 1 <= int(match.group(1)) <= rows:
+        return None
+    column = match.group(2)
+    why = (exc.diag.message_primary or type(exc).__name__).replace("\x00", "\\x00")
+    where = f"column '{column}'" if column else "the row"
+    return int(match.group(1)) - 1, column, f"PostgreSQL cannot store {where}: {why}"
+
+
+def refused_as_reject(row: pa.RecordBatch, column: str | None, reason: str) -> pa.RecordBatch:
+    """A staged row PostgreSQL refused, as its reject (staging reject columns).
+
+    Its raw text is the record as received in canonical JSON (``_payload``: the staged
+    row has no raw line), its context the row's source metadata unless that is what
+    PostgreSQL refused.
+    """
+    payload = row.column("_payload")[0].as_py() or ""
+    meta = None if column == "_meta" else row.column("_meta")[0].as_py()
+    errors = [{"field": None, "rule": REFUSED_RULE, "message": reason}]
+    return pa.RecordBatch.from_arrays(
+        [
+            row.column("_pos"),
+            pa.array([row.column("_source")[0].as_py() or ""], pa.string()),
+            pa.array([meta], pa.string()),
+            pa.array([payload.replace("\x00", "\\x00")], pa.string()),
+            pa.array([len(payload.encode("utf-8", "surrogatepass"))], pa.int64()),
+            pa.array([json.dumps(errors, ensure_ascii=False)], pa.string()),
+        ],
+        names=[name for name, _ in STAGED_REJECT],
+    )
+
+
+def storable_reject(row: pa.RecordBatch, column: str | None, reason: str) -> pa.RecordBatch:
+    """A staged reject PostgreSQL refused, made storable: without its context (the source
+    metadata, the one part not built by idem) and with the refusal among its reasons."""
+    errors = json.loads(row.column("_errors")[0].as_py())
+    errors.append({"field": None, "rule": REFUSED_RULE, "message": reason})
+    raw = (row.column("_raw")[0].as_py() or "").replace("\x00", "\\x00")
+    if column not in (None, "_meta", "_raw", "_errors"):
+        raise TerminalError(f"PostgreSQL refused column {column!r} of a reject at {row.column('_source')[0]}: {reason}")
+    return pa.RecordBatch.from_arrays(
+        [
+            row.column("_pos"),
+            row.column("_source"),
+            pa.nulls(1, pa.string()),
+            pa.array([raw], pa.string()),
+            row.column("_raw_length"),
+            pa.array([json.dumps(errors, ensure_ascii=False)], pa.string()),
+        ],
+        names=[name for name, _ in STAGED_REJECT],
+    )
+
+
 class BinaryCopy:
     """``COPY <staging table> FROM STDIN (FORMAT binary)`` of Arrow batches of one schema.
 
@@ -338,24 +404,66 @@ class StagingWriter:
             raise TransientError(f"COPY staged {copied} of {rows} rows into {template}; nothing was committed")
 
     def write(self, batch: pa.RecordBatch, direct: DirectRows | None = None) -> None:
-        """Stage one batch of the ``coerced`` frame, and the rows ``coerce_batch`` wrote to ``direct``."""
+        """Stage one batch of the ``coerced`` frame, and the rows ``coerce_batch`` wrote to ``direct``.
+
+        A row PostgreSQL refuses (a data error: text or JSON it cannot store) becomes that
+        record's reject: one record's bytes never fail the batch, nor block a Kafka
+        partition behind it on every retry.
+        """
+        refusals: list[pa.RecordBatch] = []
         for record_type, spec in self.plan.tables.items():
             rows, with_extra = staged_rows(batch, record_type, spec)
             if rows.num_rows and record_type in self._probing:
                 rows = self._without_known(record_type, rows)
             if rows.num_rows:
-                self._copy(self.plan.staging_table(record_type), rows)
-                self.rows[record_type] = self.rows.get(record_type, 0) + rows.num_rows
+                staged, refused = self._copy_each(self.plan.staging_table(record_type), rows)
+                self.rows[record_type] = self.rows.get(record_type, 0) + staged
+                with_extra -= sum(row.column("_extra").null_count == 0 for row, _, _ in refused)
                 self.with_extra[record_type] = self.with_extra.get(record_type, 0) + with_extra
+                refusals.extend(refused_as_reject(*refusal) for refusal in refused)
                 props = props_field_names(batch, record_type)
                 if props:
                     self.props_fields.setdefault(record_type, set()).update(props)
             if direct is not None and direct.count(record_type):
                 self._write_direct(record_type, spec, direct)
         rejects = staged_rejects(batch)
+        if refusals:
+            rejects = pa.Table.from_batches([rejects, *refusals]).combine_chunks().to_batches()[0]
         if rejects.num_rows:
-            self._copy(self.plan.rejects_table, rejects)
-            self.rejected += rejects.num_rows
+            staged, unstorable = self._copy_each(self.plan.rejects_table, rejects)
+            self.rejected += staged
+            if unstorable:
+                fixed = pa.Table.from_batches([storable_reject(*refusal) for refusal in unstorable])
+                fixed_rows = fixed.combine_chunks().to_batches()[0]
+                self._copy(self.plan.rejects_table, fixed_rows)  # a reject refused again fails the batch
+                self.rejected += fixed_rows.num_rows
+
+    def _copy_each(self, template: str, rows: pa.RecordBatch) -> tuple[int, list[tuple[pa.RecordBatch, str | None, str]]]:
+        """COPY ``rows`` but those PostgreSQL refuses with a data error. Returns how many
+        were staged, and each refused row with the column refused and why.
+
+        A failed COPY stages nothing (autocommit: its own statement), and PostgreSQL stops
+        at the first refused row, so the rows before it are COPYed again and the rest
+        tried on. A data error that names no row is the batch's, terminal: a retry would
+        meet the same data.
+        """
+        staged = 0
+        refused: list[tuple[pa.RecordBatch, str | None, str]] = []
+        while rows.num_rows:
+            try:
+                self._copy(template, rows)
+                return staged + rows.num_rows, refused
+            except psycopg.errors.DataError as exc:
+                found = refused_row(exc, rows.num_rows)
+                if found is None:
+                    raise TerminalError(f"PostgreSQL refused data staged into {template}: {exc}") from exc
+            index, column, reason = found
+            if index:
+                self._copy(template, rows.slice(0, index))
+                staged += index
+            refused.append((rows.slice(index, 1), column, reason))
+            rows = rows.slice(index + 1)
+        return staged, refused
 
     def _write_direct(self, record_type: str, spec: TableSpec, direct: DirectRows) -> None:
         """COPY a record type's direct rows (without those the table already holds, while probing)."""
@@ -374,7 +482,12 @@ class StagingWriter:
                 count -= len(found)
         if count:
             template = self.plan.staging_table(record_type)
-            copied = copy_direct(self.conn, self._table(template), staged_column_names(spec), data)
+            try:
+                copied = copy_direct(self.conn, self._table(template), staged_column_names(spec), data)
+            except psycopg.errors.DataError as exc:
+                # The C parser only writes records it is sure of; should PostgreSQL still
+                # refuse one, retrying meets the same bytes: terminal, not transient.
+                raise TerminalError(f"PostgreSQL refused a record staged into {template}: {exc}") from exc
             self._check(template, copied, count)
             self.rows[record_type] = self.rows.get(record_type, 0) + count
 

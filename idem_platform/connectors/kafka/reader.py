@@ -54,20 +54,36 @@ class KafkaSlice:
         return read_range(self, index_of[self.unit], end, max_record_bytes=max_record_bytes)
 
 
-def _text_or_base64(value: bytes) -> Any:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"base64": base64.b64encode(value).decode("ascii")}
+def _text_or_base64(value: bytes | str) -> Any:
+    """Metadata bytes (or a name) as text, or ``{"base64": ...}`` when PostgreSQL cannot keep
+    them as text: not UTF-8, or holding NUL (U+0000 is valid UTF-8, but jsonb and text refuse
+    it, and every Confluent Schema Registry key starts with a 0x00 magic byte). Such a key
+    once failed its whole range's commit, and every later message of the partition with it."""
+    if isinstance(value, str):
+        if "\x00" not in value:
+            return value
+        value = value.encode("utf-8", "surrogatepass")
+    if b"\x00" not in value:  # in UTF-8, a 0x00 byte is U+0000 and nothing else
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    return {"base64": base64.b64encode(value).decode("ascii")}
 
 
 def message_meta(topic: str, partition: int, offset: int, key: bytes | None, headers: Any, timestamp: tuple[int, int]) -> str:
-    """A message's metadata as JSON: where it is, its key, headers and timestamp."""
+    """A message's metadata as JSON: where it is, its key, headers and timestamp.
+
+    Keys, header names and header values are kept as text where PostgreSQL can store them
+    as such, else as base64 (:func:`_text_or_base64`); topics cannot hold NUL.
+    """
     meta: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset}
     if key is not None:
         meta["key"] = _text_or_base64(key)
     if headers:
-        meta["headers"] = [[name, None if value is None else _text_or_base64(value)] for name, value in headers]
+        meta["headers"] = [
+            [_text_or_base64(name), None if value is None else _text_or_base64(value)] for name, value in headers
+        ]
     kind, stamp = timestamp
     if kind in _TIMESTAMP_TYPES:
         meta["timestamp"] = stamp

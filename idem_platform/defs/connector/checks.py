@@ -31,18 +31,24 @@ if TYPE_CHECKING:
 
 SAMPLE_ROWS = 2000
 KEY_PATTERN = r"^[a-z0-9_-]{1,64}:[a-z0-9_-]{1,64}:.+:[0-9a-f]{12}$"
-_PANDAS_DTYPES = {"bool": "boolean", "int": "Int32", "long": "Int64", "real": "Float64"}
 _SYSTEM_CHECKED = ("_idempotency_key", "_content_hash", "_payload")
 
 
-def pandera_schema(spec: TableSpec) -> "pa.DataFrameSchema":
+def pandera_schema(spec: TableSpec, *, spark: bool = True) -> "pa.DataFrameSchema":
     """The data contract of one record type's coerced rows (system columns + typed columns).
 
+    Every column's dtype is the Arrow type coercion makes for its catalog type
+    (``pd.ArrowDtype``, see :func:`contract_frame`), checked as it is and never coerced:
+    a nullable ``long`` column through pandas' float64 turned 2**63-1 into 2**63, which
+    no longer fit Int64, so a valid file failed the blocking check forever. With Arrow
+    dtypes the check can only fail on what the contract forbids: a wrong type, a null
+    in a required column, a key or hash of the wrong form, a vector of the wrong length.
+    ``spark`` picks the types the commit path carries (``spark_arrow``: microsecond
+    timestamps, variable lists); ``False`` the catalog's own (``arrow``).
+
     pandera is imported here, not at module load: it takes a second to import and
-    only this check needs it. Text columns are Arrow-backed (see :func:`contract_frame`):
-    pandera checks an ``object`` or ``string`` column's type value by value and formats
-    a failure report even when every value passes (~1 ms a column; 16 record types of
-    ~20 columns spent 0.45 s of a run on it), an Arrow string column by its dtype.
+    only this check needs it. Arrow-backed text is also checked by its dtype, not value
+    by value (an ``object`` column cost ~1 ms a column even when every value passes).
     """
     import pandas as pd
     import pandera.pandas as pa
@@ -58,21 +64,20 @@ def pandera_schema(spec: TableSpec) -> "pa.DataFrameSchema":
         checks = []
         if column.type.kind == "vector":
             dim = column.type.dim
-            checks.append(pa.Check(lambda s, dim=dim: s.dropna().map(len) == dim, name=f"length_{dim}"))
-        if column.type.kind == "string":  # Arrow text stays Arrow text: nothing to coerce, a number fails
-            columns[column.name] = pa.Column(text, checks=checks, nullable=not column.required)
-            continue
-        # Numbers and booleans with nulls reach pandas as float64 or object: coerced to the
-        # nullable dtype (a value that does not fit is a failure).
-        dtype = _PANDAS_DTYPES.get(column.type.kind)
-        columns[column.name] = pa.Column(dtype, checks=checks, nullable=not column.required, coerce=dtype is not None)
+            checks.append(pa.Check(lambda s, dim=dim: s.dropna().list.len() == dim, name=f"length_{dim}"))
+        arrow = column.type.spark_arrow if spark else column.type.arrow
+        columns[column.name] = pa.Column(pd.ArrowDtype(arrow), checks=checks, nullable=not column.required)
     return pa.DataFrameSchema(columns, strict=False)
 
 
 def contract_frame(rows: pyarrow.Table, record_type: str, spec: TableSpec) -> "pd.DataFrame":
     """One record type's coerced rows as the frame :func:`pandera_schema` validates: the
-    system columns it checks and the typed columns, converted in one ``to_pandas``, text
-    as Arrow-backed strings."""
+    system columns it checks and the typed columns, converted in one ``to_pandas``.
+
+    Every column keeps its Arrow type (``pd.ArrowDtype``): no float64 for a nullable
+    integer column, no nanosecond ``datetime64`` for a timestamp, so every value of
+    every catalog type's range reaches pandera as it was coerced.
+    """
     import pandas as pd
 
     typed = rows.column(record_type).combine_chunks().flatten()
@@ -80,8 +85,7 @@ def contract_frame(rows: pyarrow.Table, record_type: str, spec: TableSpec) -> "p
         [rows.column(name) for name in _SYSTEM_CHECKED] + list(typed),
         names=[*_SYSTEM_CHECKED, *(column.name for column in spec.columns)],
     )
-    text = pd.ArrowDtype(pyarrow.string())
-    return table.to_pandas(types_mapper=lambda type_: text if type_ == pyarrow.string() else None)
+    return table.to_pandas(types_mapper=pd.ArrowDtype)
 
 
 def build_checks(
@@ -124,7 +128,8 @@ def _build_checks(
         if coerced.batch.fully_replayed:
             return dg.AssetCheckResult(passed=True, metadata={"skipped": "everything already committed"})
         started = time.monotonic()
-        sample = coerced_sample(coerced.batch, coerced.spec(), SAMPLE_ROWS)
+        record_spec = coerced.spec()
+        sample = coerced_sample(coerced.batch, record_spec, SAMPLE_ROWS)
         context.log.debug("pandera sample: %d rows in %.2fs", sample.num_rows, time.monotonic() - started)
         failures: dict[str, Any] = {}
         checked: dict[str, int] = {}
@@ -137,7 +142,7 @@ def _build_checks(
             from pandera.errors import SchemaErrors
 
             try:
-                pandera_schema(spec).validate(frame, lazy=True)
+                pandera_schema(spec, spark=record_spec.spark_types).validate(frame, lazy=True)
             except SchemaErrors as exc:
                 failures[record_type] = exc.failure_cases.head(10).astype(str).to_dict("records")
         return dg.AssetCheckResult(
