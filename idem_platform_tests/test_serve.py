@@ -354,3 +354,51 @@ def test_a_spool_keeps_small_bodies_in_memory_and_spills_large_ones_to_a_dotfile
     again.write(b'{"a":1}\n' * 50)
     assert again.publish() == landed  # same bytes: the file there is left alone
     assert [p.name for p in (tmp_path / "land").iterdir()] == [landed.path.name]
+
+
+def gzip_push(client: httpx.Client, payload: bytes, key: str) -> httpx.Response:
+    return client.post(
+        "/v1/connectors/push/records",
+        content=payload,
+        headers={**NDJSON, "Content-Encoding": "gzip", "Idempotency-Key": key},
+    )
+
+
+def test_a_multi_member_gzip_body_lands_every_member(
+    client: httpx.Client, served: tuple[BackgroundServer, IdemConfig]
+) -> None:
+    first = body({"type": "indicator", "id": "mm-1", "name": "one"})
+    second = body({"type": "indicator", "id": "mm-2", "name": "two"}, {"type": "indicator", "id": "mm-3", "name": "3"})
+    answer = gzip_push(client, gzip.compress(first) + gzip.compress(second), "multi-member")
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["lines"] == 3
+    landed = served[1].connector("push").path / Path(answer.json()["path"]).name  # type: ignore[operator]
+    assert landed.read_bytes() == first + second
+    empty_member = gzip_push(client, gzip.compress(first) + gzip.compress(b""), "multi-member-empty")
+    assert empty_member.status_code == 202 and empty_member.json()["bytes"] == len(first)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda z: z[: len(z) // 2], "truncated"),
+        (lambda z: z[:-4], "truncated"),  # the size trailer is missing
+        (lambda z: z + b"garbage after the member", "trailing"),
+        (lambda z: z + b"\0" * 8, "trailing"),
+        (lambda z: z + gzip.compress(b'{"id": "tail"}\n')[:12], "truncated"),  # a cut second member
+    ],
+    ids=["half", "no-trailer", "garbage", "zeros", "cut-second-member"],
+)
+def test_a_truncated_or_trailing_garbage_gzip_body_is_400_and_lands_nothing(
+    client: httpx.Client, served: tuple[BackgroundServer, IdemConfig], pg_url: str, damage: Any, reason: str
+) -> None:
+    records = [{"type": "indicator", "id": f"cut-{i}", "name": f"n{i}"} for i in range(60)]
+    compressed = gzip.compress(body(*records))
+    before = landed_files(served[1])
+    key = f"damaged-{reason}-{len(damage(compressed))}"
+    answer = gzip_push(client, damage(compressed), key)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert reason in error and "\n" not in error
+    assert landed_files(served[1]) == before  # no file, no spool
+    assert ledger_row(pg_url, "http:push", key) is None
