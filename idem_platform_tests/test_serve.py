@@ -10,7 +10,9 @@ import gzip
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -402,3 +404,44 @@ def test_a_truncated_or_trailing_garbage_gzip_body_is_400_and_lands_nothing(
     assert reason in error and "\n" not in error
     assert landed_files(served[1]) == before  # no file, no spool
     assert ledger_row(pg_url, "http:push", key) is None
+
+
+def flood(url: str, opening: bytes, limit: int = 64 << 20, seconds: float = 20.0) -> str:
+    """Send ``opening`` then up to ``limit`` bytes of one endless header (or request line)
+    on a loopback socket; what the server did about it: ``refused`` (it answered 400 or
+    closed the connection) or ``accepted <n> bytes``."""
+    host, port = url.removeprefix("http://").split(":")
+    chunk = b"a" * (1 << 16)
+    sent = 0
+    deadline = time.monotonic() + seconds
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        try:
+            sock.sendall(opening)
+            while sent < limit and time.monotonic() < deadline:
+                sock.sendall(chunk)
+                sent += len(chunk)
+            answer = sock.recv(64)
+        except OSError:  # reset or broken pipe: the server closed it
+            return "refused"
+    return "refused" if answer == b"" or answer.startswith(b"HTTP/1.1 400") else f"accepted {sent} bytes"
+
+
+def test_an_oversized_header_or_request_line_is_refused_and_healthz_keeps_answering(
+    client: httpx.Client, served: tuple[BackgroundServer, IdemConfig]
+) -> None:
+    openings = [b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: "] * 3 + [b"GET /healthz?"]
+    outcomes: list[str] = []
+    threads = [threading.Thread(target=lambda o=o: outcomes.append(flood(served[0].url, o))) for o in openings]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(5):
+            started = time.monotonic()
+            assert client.get("/healthz", timeout=5).status_code == 200
+            assert time.monotonic() - started < 2
+            time.sleep(0.2)
+    finally:
+        for thread in threads:
+            thread.join(timeout=60)
+    assert outcomes == ["refused"] * 4
+    assert client.get("/healthz").status_code == 200
