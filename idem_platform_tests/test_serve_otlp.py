@@ -170,3 +170,22 @@ def test_a_gzip_export_lands_every_member_and_a_cut_one_is_400_with_nothing_land
         assert whole.status_code == 200 and whole.json() == {}
     landed = [json.loads(line) for p in landed_files(config, "otel") for line in p.read_bytes().splitlines()]
     assert {"gz-a", "gz-b", "gz-c"} <= {r["body"] for r in landed if isinstance(r["body"], str)}
+
+
+def test_a_log_record_over_max_line_bytes_is_rejected_in_partial_success_not_landed(
+    served: tuple[BackgroundServer, IdemConfig]
+) -> None:
+    server, config = served
+    limit = config.connector("otel").max_line_bytes
+    attributes = [{"key": f"a{i}", "value": {"intValue": str(i)}} for i in range(limit // 8)]  # ~14 bytes each as JSON
+    document = json.loads(json_export("fits", "too-long"))
+    document["resourceLogs"][0]["scopeLogs"][0]["logRecords"][1]["attributes"] = attributes
+    before = landed_files(config, "otel")
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        answer = http.post("/v1/logs", json=document)
+    assert answer.status_code == 200
+    partial = answer.json()["partialSuccess"]
+    assert partial["rejectedLogRecords"] in ("1", 1)
+    assert "logRecords[1]" in partial["errorMessage"] and "max_line_bytes" in partial["errorMessage"]
+    new = [p for p in landed_files(config, "otel") if p not in before]
+    assert [json.loads(line)["body"] for p in new for line in p.read_bytes().splitlines()] == ["fits"]

@@ -376,13 +376,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
         await read_body(request, collect, connector.max_body_bytes)
         try:
-            decoded = otlp.decode_export(b"".join(chunks), media)
+            decoded = otlp.decode_export(b"".join(chunks), media, max_record_bytes=connector.max_line_bytes)
         except otlp.MalformedExport as exc:
             raise Refusal(400, str(exc)) from None
         message = decoded.message
         if decoded.records:
             with Spool(_landing_dir(connector), limit=1 << 62) as spool:
-                spool.write(otlp.to_ndjson(decoded.records))
+                spool.write(decoded.ndjson())
                 try:
                     await run_in_threadpool(land, settings, connector, spool.file_key, spool)
                 except Refusal as exc:
