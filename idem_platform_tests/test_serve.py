@@ -445,3 +445,61 @@ def test_an_oversized_header_or_request_line_is_refused_and_healthz_keeps_answer
             thread.join(timeout=60)
     assert outcomes == ["refused"] * 4
     assert client.get("/healthz").status_code == 200
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The usual umask, under which plain open() and mkdir() make 0644 files and 0755 directories."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_landed_bodies_their_spools_and_the_directories_made_for_them_are_private(
+    pg_url: str, tmp_path: Path, umask_022: None
+) -> None:
+    from idem_platform.push.landing import Spool
+
+    spool = Spool(tmp_path / "made" / "land", limit=1 << 20, in_memory=8)
+    spool.write(b'{"a":1}\n' * 4)  # past in_memory: spilled to its dotfile
+    assert mode(spool.path) == 0o600
+    assert mode(tmp_path / "made") == mode(tmp_path / "made" / "land") == 0o700
+    assert mode(spool.publish().path) == 0o600
+    config = push_config(tmp_path)
+    server = serve_in_background(ServeSettings(config=config, postgres_url=pg_url))
+    try:
+        answer = httpx.post(f"{server.url}/v1/connectors/push/records", content=body({"id": "mode"}), headers=NDJSON)
+    finally:
+        server.stop()
+    assert answer.status_code == 202
+    directory = config.connector("push").path
+    assert directory is not None and mode(directory) == mode(directory.parent) == 0o700
+    assert mode(directory / Path(answer.json()["path"]).name) == 0o600
+
+
+def test_a_spool_left_by_a_killed_server_is_removed_at_start_and_a_live_ones_is_not(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from idem_platform.push.landing import Spool
+
+    config = push_config(tmp_path)
+    directory = config.connector("push").path
+    assert directory is not None
+    directory.mkdir(parents=True)
+    stale = directory / ".push-0f0e0d0c0b0a09080706050403020100.tmp"  # as kill -9 mid-request leaves it
+    stale.write_bytes(b'{"id": "half"}\n{"id": "ha')
+    live = Spool(directory, limit=1 << 20, in_memory=0)  # another server, still receiving its body
+    live.write(b'{"id": "live"}\n')
+    server = serve_in_background(ServeSettings(config=config, postgres_url=pg_url))
+    server.stop()
+    assert not stale.exists()
+    assert live.path.exists()
+    landed = live.publish()
+    assert landed.path.read_bytes() == b'{"id": "live"}\n'
+    assert sorted(p.name for p in directory.iterdir()) == [landed.path.name]

@@ -21,6 +21,7 @@ on disk, and a crash in between leaves a file the retry finds already there.
 from __future__ import annotations
 
 import hmac
+import sys
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -49,7 +50,7 @@ from idem_platform.ledger import (
 )
 from idem_platform.postgres.connection import KEEPALIVES
 from idem_platform.push import otlp
-from idem_platform.push.landing import BodyTooLarge, Spool
+from idem_platform.push.landing import BodyTooLarge, Spool, remove_stale_spools
 from idem_platform.push.status import body_status, request_namespace
 
 NDJSON_TYPES = (
@@ -239,11 +240,28 @@ def land(settings: ServeSettings, connector: ConnectorConfig, key: str, spool: S
     raise RuntimeError(f"unknown ledger outcome {outcome!r}")
 
 
+def sweep_spools(config: IdemConfig) -> None:
+    """Remove the spools a server killed mid-request left in the landing directories.
+
+    Nothing acknowledged them and nothing else would ever remove them; a spool a
+    live server is writing is locked and stays (see :func:`remove_stale_spools`).
+    """
+    for connector in config.connectors:
+        if connector.kind in ("http", "otlp") and connector.path is not None:
+            removed = remove_stale_spools(connector.path)
+            if removed:
+                sys.stderr.write(
+                    f"idem serve: removed {len(removed)} unfinished body spool(s) of an earlier server "
+                    f"in {config.shown(connector.path)} (no request was answered for them)\n"
+                )
+
+
 def create_app(settings: ServeSettings) -> FastAPI:
-    """The ASGI app; its lifespan opens and closes the PostgreSQL pool."""
+    """The ASGI app; its lifespan removes stale spools and opens and closes the PostgreSQL pool."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(sweep_spools, settings.config)
         pool = ConnectionPool(
             settings.postgres_url,
             min_size=1,
