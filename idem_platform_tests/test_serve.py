@@ -322,11 +322,17 @@ def test_the_connectors_sensor_picks_up_what_idem_serve_lands_and_its_run_commit
         with httpx.Client(base_url=server.url) as http:
             payload = body({"type": "malware", "id": "dg-1", "name": "via-http"}, {"type": "indicator", "id": "dg-2", "name": "b"})
             landed = http.post("/v1/connectors/push/records", content=payload, headers={**NDJSON, "Idempotency-Key": "dg"}).json()
+            directory = config.connector("push").path
+            assert directory is not None
+            copying = directory / ("0" * 64 + ".ndjson")  # a landed name, but not what its bytes hash to
+            copying.write_bytes(b'{"type": "malware", "id": "dg-3", "na')
             with dg.instance_for_test() as instance:
                 ticker = SensorTicker(config, instance, pg_url, "push_filedrop_sensor")
-                assert ticker.tick().run_requests == []  # waiting to settle
+                assert ticker.sensor.minimum_interval_seconds == 5
+                # landed whole (fsync, rename): its run is asked on the first look
                 (request,) = ticker.tick().run_requests
-                assert request.tags["idem/file_key"] == landed["file_key"]
+                assert request.tags["idem/file_key"] == landed["file_key"] and request.tags["idem/files"] == "1"
+                copying.unlink()
                 result = ticker.run(request, "push_ingest")
                 assert result.success
                 assert ticker.tick().run_requests == []  # committed: nothing more
