@@ -36,6 +36,7 @@ from idem_platform.config import (
 )
 from idem_platform.errors import IdemError
 from idem_platform.postgres.connection import POSTGRES_URL_ENV, idem_home, resolve_postgres_url
+from idem_platform.private_files import private_dir, write_private_text
 from idem_platform.redact import masked, remember_url, scrub
 
 SUMMARY_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "files", "seconds")
@@ -68,11 +69,10 @@ def prepare_environment() -> str:
     template = (resources.files("idem_platform") / "dagster.yaml").read_text(encoding="utf-8")
     chosen = os.environ.get("DAGSTER_HOME")
     if not chosen:
-        home = idem_home() / "dagster"
-        home.mkdir(parents=True, exist_ok=True)
+        home = private_dir(idem_home() / "dagster")
         target = home / "dagster.yaml"
         if not target.exists() or target.read_text(encoding="utf-8") != template:
-            target.write_text(template, encoding="utf-8")
+            write_private_text(target, template)
         os.environ["DAGSTER_HOME"] = str(home)
     elif not Path(chosen).exists():
         # Dagster refuses a DAGSTER_HOME that does not exist: make it, with idem's
@@ -1036,10 +1036,8 @@ def _unexpected(exc: Exception) -> str:
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     try:
-        logs = idem_home() / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        path = logs / f"idem-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
-        path.write_text(_traceback(exc), encoding="utf-8")
+        path = idem_home() / "logs" / f"idem-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+        write_private_text(path, _traceback(exc))  # 0600: a traceback can hold records
         return f"{text} (traceback in {path})"
     except OSError:
         return text

@@ -71,6 +71,10 @@ _KAFKA_ONLY = (
 )
 
 
+PUSH_SENSOR_INTERVAL_SECONDS = 5
+"""An http/otlp connector's default ``sensor_interval_seconds``."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -147,7 +151,13 @@ class ConnectorConfig(_Model):
             "whole batch: about 8 per batch, smaller at the tail, several small files per slice."
         ),
     )
-    sensor_interval_seconds: int = Field(15, ge=1)
+    sensor_interval_seconds: int = Field(
+        15,
+        ge=1,
+        description="Seconds between two ticks of the connector's sensor (at least). Default 15; "
+        f"{PUSH_SENSOR_INTERVAL_SECONDS} for http/otlp connectors, whose bodies land whole and run on the "
+        "first tick that sees them.",
+    )
     max_attempts: int = Field(3, ge=1, description="Automatic sensor retries of a failed file.")
     max_files_per_run: int = Field(
         500,
@@ -268,6 +278,16 @@ class ConnectorConfig(_Model):
             if wrong:
                 raise ValueError(f"{', '.join(wrong)}: only for kind: kafka connectors")
         return self
+
+    @property
+    def sensor_interval(self) -> int:
+        """Seconds between sensor ticks: ``sensor_interval_seconds`` when set, else 15, or
+        :data:`PUSH_SENSOR_INTERVAL_SECONDS` for http/otlp. A pushed body is complete when it
+        lands (its sensor does not wait for a second look), so the tick interval is all
+        that stands between its ``202`` and its run."""
+        if "sensor_interval_seconds" in self.model_fields_set or self.kind not in ("http", "otlp"):
+            return self.sensor_interval_seconds
+        return PUSH_SENSOR_INTERVAL_SECONDS
 
     @property
     def lands_files(self) -> bool:

@@ -163,11 +163,18 @@ def test_an_unforeseen_failure_is_one_line_with_the_traceback_in_a_file(
         raise RuntimeError("something nobody foresaw\nsecond line")
 
     monkeypatch.setattr(cli, "cmd_offsets", broken)
-    code, _, err = run(capsys, "offsets")
+    umask = os.umask(0o022)  # the usual one, under which plain writes are world-readable
+    try:
+        code, _, err = run(capsys, "offsets")
+    finally:
+        os.umask(umask)
     assert code == 1 and err.count("\n") == 1
     assert err.startswith("idem: error: RuntimeError: something nobody foresaw (traceback in ")
     log = Path(err.rsplit("traceback in ", 1)[1].rstrip(")\n"))
     assert "second line" in log.read_text() and "Traceback" in log.read_text()
+    # a traceback can hold records: only its owner reads it, whatever the umask
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert log.parent.stat().st_mode & 0o777 == (tmp_path / "home-idem").stat().st_mode & 0o777 == 0o700
 
 
 @pytest.mark.slow

@@ -751,3 +751,19 @@ def test_encode_response_from_a_decode() -> None:
 def test_encode_response_refuses_unknown_media_type() -> None:
     with pytest.raises(UnsupportedMediaType):
         encode_response(0, "", "text/plain")
+
+
+def test_a_record_longer_than_max_record_bytes_as_ndjson_is_rejected_and_the_rest_keep_their_bytes() -> None:
+    request = sdk_request()
+    body = request.SerializeToString()
+    whole = decode_export(body, PROTOBUF)
+    assert whole.ndjson() == to_ndjson(whole.records)
+    longest = max(len(line) - 1 for line in whole.ndjson().splitlines(keepends=True))
+    shortest = min(len(line) - 1 for line in whole.ndjson().splitlines(keepends=True))
+    assert shortest < longest
+    cut = decode_export(body, PROTOBUF, max_record_bytes=longest - 1)
+    assert 0 < cut.rejected < len(whole.records)
+    assert "max_line_bytes" in cut.message and "too_long" in cut.message
+    assert cut.ndjson() == to_ndjson(cut.records)
+    assert all(len(line) - 1 <= longest - 1 for line in cut.ndjson().splitlines(keepends=True))
+    assert decode_export(body, PROTOBUF, max_record_bytes=longest).ndjson() == whole.ndjson()

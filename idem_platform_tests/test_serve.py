@@ -10,7 +10,9 @@ import gzip
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -320,11 +322,17 @@ def test_the_connectors_sensor_picks_up_what_idem_serve_lands_and_its_run_commit
         with httpx.Client(base_url=server.url) as http:
             payload = body({"type": "malware", "id": "dg-1", "name": "via-http"}, {"type": "indicator", "id": "dg-2", "name": "b"})
             landed = http.post("/v1/connectors/push/records", content=payload, headers={**NDJSON, "Idempotency-Key": "dg"}).json()
+            directory = config.connector("push").path
+            assert directory is not None
+            copying = directory / ("0" * 64 + ".ndjson")  # a landed name, but not what its bytes hash to
+            copying.write_bytes(b'{"type": "malware", "id": "dg-3", "na')
             with dg.instance_for_test() as instance:
                 ticker = SensorTicker(config, instance, pg_url, "push_filedrop_sensor")
-                assert ticker.tick().run_requests == []  # waiting to settle
+                assert ticker.sensor.minimum_interval_seconds == 5
+                # landed whole (fsync, rename): its run is asked on the first look
                 (request,) = ticker.tick().run_requests
-                assert request.tags["idem/file_key"] == landed["file_key"]
+                assert request.tags["idem/file_key"] == landed["file_key"] and request.tags["idem/files"] == "1"
+                copying.unlink()
                 result = ticker.run(request, "push_ingest")
                 assert result.success
                 assert ticker.tick().run_requests == []  # committed: nothing more
@@ -354,3 +362,150 @@ def test_a_spool_keeps_small_bodies_in_memory_and_spills_large_ones_to_a_dotfile
     again.write(b'{"a":1}\n' * 50)
     assert again.publish() == landed  # same bytes: the file there is left alone
     assert [p.name for p in (tmp_path / "land").iterdir()] == [landed.path.name]
+
+
+def gzip_push(client: httpx.Client, payload: bytes, key: str) -> httpx.Response:
+    return client.post(
+        "/v1/connectors/push/records",
+        content=payload,
+        headers={**NDJSON, "Content-Encoding": "gzip", "Idempotency-Key": key},
+    )
+
+
+def test_a_multi_member_gzip_body_lands_every_member(
+    client: httpx.Client, served: tuple[BackgroundServer, IdemConfig]
+) -> None:
+    first = body({"type": "indicator", "id": "mm-1", "name": "one"})
+    second = body({"type": "indicator", "id": "mm-2", "name": "two"}, {"type": "indicator", "id": "mm-3", "name": "3"})
+    answer = gzip_push(client, gzip.compress(first) + gzip.compress(second), "multi-member")
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["lines"] == 3
+    landed = served[1].connector("push").path / Path(answer.json()["path"]).name  # type: ignore[operator]
+    assert landed.read_bytes() == first + second
+    empty_member = gzip_push(client, gzip.compress(first) + gzip.compress(b""), "multi-member-empty")
+    assert empty_member.status_code == 202 and empty_member.json()["bytes"] == len(first)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda z: z[: len(z) // 2], "truncated"),
+        (lambda z: z[:-4], "truncated"),  # the size trailer is missing
+        (lambda z: z + b"garbage after the member", "trailing"),
+        (lambda z: z + b"\0" * 8, "trailing"),
+        (lambda z: z + gzip.compress(b'{"id": "tail"}\n')[:12], "truncated"),  # a cut second member
+    ],
+    ids=["half", "no-trailer", "garbage", "zeros", "cut-second-member"],
+)
+def test_a_truncated_or_trailing_garbage_gzip_body_is_400_and_lands_nothing(
+    client: httpx.Client, served: tuple[BackgroundServer, IdemConfig], pg_url: str, damage: Any, reason: str
+) -> None:
+    records = [{"type": "indicator", "id": f"cut-{i}", "name": f"n{i}"} for i in range(60)]
+    compressed = gzip.compress(body(*records))
+    before = landed_files(served[1])
+    key = f"damaged-{reason}-{len(damage(compressed))}"
+    answer = gzip_push(client, damage(compressed), key)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert reason in error and "\n" not in error
+    assert landed_files(served[1]) == before  # no file, no spool
+    assert ledger_row(pg_url, "http:push", key) is None
+
+
+def flood(url: str, opening: bytes, limit: int = 64 << 20, seconds: float = 20.0) -> str:
+    """Send ``opening`` then up to ``limit`` bytes of one endless header (or request line)
+    on a loopback socket; what the server did about it: ``refused`` (it answered 400 or
+    closed the connection) or ``accepted <n> bytes``."""
+    host, port = url.removeprefix("http://").split(":")
+    chunk = b"a" * (1 << 16)
+    sent = 0
+    deadline = time.monotonic() + seconds
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        try:
+            sock.sendall(opening)
+            while sent < limit and time.monotonic() < deadline:
+                sock.sendall(chunk)
+                sent += len(chunk)
+            answer = sock.recv(64)
+        except OSError:  # reset or broken pipe: the server closed it
+            return "refused"
+    return "refused" if answer == b"" or answer.startswith(b"HTTP/1.1 400") else f"accepted {sent} bytes"
+
+
+def test_an_oversized_header_or_request_line_is_refused_and_healthz_keeps_answering(
+    client: httpx.Client, served: tuple[BackgroundServer, IdemConfig]
+) -> None:
+    openings = [b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: "] * 3 + [b"GET /healthz?"]
+    outcomes: list[str] = []
+    threads = [threading.Thread(target=lambda o=o: outcomes.append(flood(served[0].url, o))) for o in openings]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(5):
+            started = time.monotonic()
+            assert client.get("/healthz", timeout=5).status_code == 200
+            assert time.monotonic() - started < 2
+            time.sleep(0.2)
+    finally:
+        for thread in threads:
+            thread.join(timeout=60)
+    assert outcomes == ["refused"] * 4
+    assert client.get("/healthz").status_code == 200
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The usual umask, under which plain open() and mkdir() make 0644 files and 0755 directories."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_landed_bodies_their_spools_and_the_directories_made_for_them_are_private(
+    pg_url: str, tmp_path: Path, umask_022: None
+) -> None:
+    from idem_platform.push.landing import Spool
+
+    spool = Spool(tmp_path / "made" / "land", limit=1 << 20, in_memory=8)
+    spool.write(b'{"a":1}\n' * 4)  # past in_memory: spilled to its dotfile
+    assert mode(spool.path) == 0o600
+    assert mode(tmp_path / "made") == mode(tmp_path / "made" / "land") == 0o700
+    assert mode(spool.publish().path) == 0o600
+    config = push_config(tmp_path)
+    server = serve_in_background(ServeSettings(config=config, postgres_url=pg_url))
+    try:
+        answer = httpx.post(f"{server.url}/v1/connectors/push/records", content=body({"id": "mode"}), headers=NDJSON)
+    finally:
+        server.stop()
+    assert answer.status_code == 202
+    directory = config.connector("push").path
+    assert directory is not None and mode(directory) == mode(directory.parent) == 0o700
+    assert mode(directory / Path(answer.json()["path"]).name) == 0o600
+
+
+def test_a_spool_left_by_a_killed_server_is_removed_at_start_and_a_live_ones_is_not(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from idem_platform.push.landing import Spool
+
+    config = push_config(tmp_path)
+    directory = config.connector("push").path
+    assert directory is not None
+    directory.mkdir(parents=True)
+    stale = directory / ".push-0f0e0d0c0b0a09080706050403020100.tmp"  # as kill -9 mid-request leaves it
+    stale.write_bytes(b'{"id": "half"}\n{"id": "ha')
+    live = Spool(directory, limit=1 << 20, in_memory=0)  # another server, still receiving its body
+    live.write(b'{"id": "live"}\n')
+    server = serve_in_background(ServeSettings(config=config, postgres_url=pg_url))
+    server.stop()
+    assert not stale.exists()
+    assert live.path.exists()
+    landed = live.publish()
+    assert landed.path.read_bytes() == b'{"id": "live"}\n'
+    assert sorted(p.name for p in directory.iterdir()) == [landed.path.name]

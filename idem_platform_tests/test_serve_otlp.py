@@ -6,6 +6,7 @@ and the batch lands under its content's file key, so the retry writes nothing tw
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -137,3 +138,54 @@ def test_json_encoding_partial_success_and_refusals(served: tuple[BackgroundServ
     landed = [json.loads(line) for p in landed_files(config, "otel") for line in p.read_bytes().splitlines()]
     ok = [r for r in landed if r["body"] == "ok"]
     assert len(ok) == 1 and ok[0]["trace_id"] == "5b8efff798038103d269b633813fc60c"
+
+
+def json_export(*bodies: str) -> bytes:
+    """An OTLP/JSON request with one log record per body."""
+    records = [{"timeUnixNano": "1700000000000000001", "body": {"stringValue": text}} for text in bodies]
+    return json.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": records}]}]}).encode()
+
+
+def test_a_gzip_export_lands_every_member_and_a_cut_one_is_400_with_nothing_landed(
+    served: tuple[BackgroundServer, IdemConfig], pg_url: str
+) -> None:
+    server, config = served
+    gzipped = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    document = json_export("gz-a", "gz-b", "gz-c")
+    with connect(pg_url) as conn:
+        rows_before = conn.execute("SELECT count(*) FROM idem.ingest_ledger WHERE namespace = 'http:otel'").fetchone()
+    before = landed_files(config, "otel")
+    with httpx.Client(base_url=server.url) as http:
+        cut = http.post("/v1/logs", content=gzip.compress(document)[:-10], headers=gzipped)
+        assert cut.status_code == 400 and "truncated" in cut.json()["error"]
+        garbage = http.post("/v1/logs", content=gzip.compress(document) + b"junk", headers=gzipped)
+        assert garbage.status_code == 400 and "trailing" in garbage.json()["error"]
+        assert landed_files(config, "otel") == before
+        with connect(pg_url) as conn:
+            rows = conn.execute("SELECT count(*) FROM idem.ingest_ledger WHERE namespace = 'http:otel'").fetchone()
+        assert rows == rows_before
+        half = len(document) // 2  # one JSON document split across two members
+        members = gzip.compress(document[:half]) + gzip.compress(document[half:])
+        whole = http.post("/v1/logs", content=members, headers=gzipped)
+        assert whole.status_code == 200 and whole.json() == {}
+    landed = [json.loads(line) for p in landed_files(config, "otel") for line in p.read_bytes().splitlines()]
+    assert {"gz-a", "gz-b", "gz-c"} <= {r["body"] for r in landed if isinstance(r["body"], str)}
+
+
+def test_a_log_record_over_max_line_bytes_is_rejected_in_partial_success_not_landed(
+    served: tuple[BackgroundServer, IdemConfig]
+) -> None:
+    server, config = served
+    limit = config.connector("otel").max_line_bytes
+    attributes = [{"key": f"a{i}", "value": {"intValue": str(i)}} for i in range(limit // 8)]  # ~14 bytes each as JSON
+    document = json.loads(json_export("fits", "too-long"))
+    document["resourceLogs"][0]["scopeLogs"][0]["logRecords"][1]["attributes"] = attributes
+    before = landed_files(config, "otel")
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        answer = http.post("/v1/logs", json=document)
+    assert answer.status_code == 200
+    partial = answer.json()["partialSuccess"]
+    assert partial["rejectedLogRecords"] in ("1", 1)
+    assert "logRecords[1]" in partial["errorMessage"] and "max_line_bytes" in partial["errorMessage"]
+    new = [p for p in landed_files(config, "otel") if p not in before]
+    assert [json.loads(line)["body"] for p in new for line in p.read_bytes().splitlines()] == ["fits"]

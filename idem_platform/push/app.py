@@ -21,8 +21,9 @@ on disk, and a crash in between leaves a file the retry finds already there.
 from __future__ import annotations
 
 import hmac
+import sys
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -49,7 +50,7 @@ from idem_platform.ledger import (
 )
 from idem_platform.postgres.connection import KEEPALIVES
 from idem_platform.push import otlp
-from idem_platform.push.landing import BodyTooLarge, Spool
+from idem_platform.push.landing import BodyTooLarge, Spool, remove_stale_spools
 from idem_platform.push.status import body_status, request_namespace
 
 NDJSON_TYPES = (
@@ -92,28 +93,85 @@ def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
+class Gunzip:
+    """Inflates a gzip body as RFC 1952 defines it: one or more members, back to back.
+
+    ``zlib`` stops at the end of the first member (the rest waits in ``unused_data``)
+    and says nothing when the input just ends inside a member: used alone, it lands
+    the first member of a multi-member body, or the readable part of a cut one, and
+    the client hears ``202`` for records that were lost. Here every member is
+    inflated in turn, whatever follows a member must be another valid member, and
+    :meth:`finish` refuses a stream that ends inside one; each problem is a
+    :class:`Refusal` ``400`` raised before anything is landed.
+    """
+
+    def __init__(self) -> None:
+        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._member = 1
+        self._started = False  # whether the current member has had any byte
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """The decoded bytes of ``data``, at most :data:`_CHUNK` at a time (a bomb stays bounded)."""
+        while data:
+            self._started = True
+            try:
+                out = self._inflate.decompress(data, _CHUNK)
+            except zlib.error as exc:
+                raise Refusal(400, self._undecodable(exc)) from None
+            if out:
+                yield out
+            if self._inflate.eof:  # what follows a member must be the next member
+                data = self._inflate.unused_data + self._inflate.unconsumed_tail
+                self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._member += 1
+                self._started = False
+            else:
+                data = self._inflate.unconsumed_tail
+
+    def finish(self) -> bytes:
+        """The last decoded bytes; a stream that ends inside a member is refused."""
+        if not self._started:
+            return b""
+        try:
+            tail = self._inflate.flush()
+        except zlib.error as exc:
+            raise Refusal(400, self._undecodable(exc)) from None
+        if not self._inflate.eof:
+            raise Refusal(
+                400,
+                f"the gzip body is truncated: it ends inside gzip member {self._member} "
+                "(no end-of-member trailer); nothing was landed, send the whole body",
+            )
+        return tail
+
+    def _undecodable(self, exc: zlib.error) -> str:
+        if self._member == 1:
+            return f"the gzip body does not decompress ({exc}); nothing was landed"
+        return (
+            f"the gzip body has trailing bytes after gzip member {self._member - 1} that are not a "
+            f"valid gzip member ({exc}); nothing was landed"
+        )
+
+
 async def read_body(request: Request, sink: Callable[[bytes], None], limit: int) -> None:
-    """Stream the body into ``sink``, gunzipping ``Content-Encoding: gzip``; the limit
-    applies to the decoded bytes and is checked before reading when the length is known."""
+    """Stream the body into ``sink``, gunzipping ``Content-Encoding: gzip`` (:class:`Gunzip`:
+    every member, nothing after them); the limit applies to the decoded bytes and is
+    checked before reading when the length is known."""
     declared = request.headers.get("content-length")
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if declared is not None and declared.isdigit() and int(declared) > limit and encoding == "identity":
         raise BodyTooLarge(limit)
     if encoding not in ("identity", "gzip"):
         raise Refusal(415, f"Content-Encoding {encoding!r} is not supported (identity or gzip)")
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+    gunzip = Gunzip() if encoding == "gzip" else None
     async for chunk in request.stream():
-        if inflate is None:
+        if gunzip is None:
             sink(chunk)
             continue
-        try:
-            while chunk:
-                sink(inflate.decompress(chunk, _CHUNK))
-                chunk = inflate.unconsumed_tail
-        except zlib.error as exc:
-            raise Refusal(400, f"the gzip body does not decompress: {exc}") from None
-    if inflate is not None:
-        sink(inflate.flush())
+        for decoded in gunzip.feed(chunk):
+            sink(decoded)
+    if gunzip is not None:
+        sink(gunzip.finish())
 
 
 def _find(settings: ServeSettings, name: str, kinds: tuple[str, ...]) -> ConnectorConfig:
@@ -182,11 +240,28 @@ def land(settings: ServeSettings, connector: ConnectorConfig, key: str, spool: S
     raise RuntimeError(f"unknown ledger outcome {outcome!r}")
 
 
+def sweep_spools(config: IdemConfig) -> None:
+    """Remove the spools a server killed mid-request left in the landing directories.
+
+    Nothing acknowledged them and nothing else would ever remove them; a spool a
+    live server is writing is locked and stays (see :func:`remove_stale_spools`).
+    """
+    for connector in config.connectors:
+        if connector.kind in ("http", "otlp") and connector.path is not None:
+            removed = remove_stale_spools(connector.path)
+            if removed:
+                sys.stderr.write(
+                    f"idem serve: removed {len(removed)} unfinished body spool(s) of an earlier server "
+                    f"in {config.shown(connector.path)} (no request was answered for them)\n"
+                )
+
+
 def create_app(settings: ServeSettings) -> FastAPI:
-    """The ASGI app; its lifespan opens and closes the PostgreSQL pool."""
+    """The ASGI app; its lifespan removes stale spools and opens and closes the PostgreSQL pool."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(sweep_spools, settings.config)
         pool = ConnectionPool(
             settings.postgres_url,
             min_size=1,
@@ -319,13 +394,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
         await read_body(request, collect, connector.max_body_bytes)
         try:
-            decoded = otlp.decode_export(b"".join(chunks), media)
+            decoded = otlp.decode_export(b"".join(chunks), media, max_record_bytes=connector.max_line_bytes)
         except otlp.MalformedExport as exc:
             raise Refusal(400, str(exc)) from None
         message = decoded.message
         if decoded.records:
             with Spool(_landing_dir(connector), limit=1 << 62) as spool:
-                spool.write(otlp.to_ndjson(decoded.records))
+                spool.write(decoded.ndjson())
                 try:
                     await run_in_threadpool(land, settings, connector, spool.file_key, spool)
                 except Refusal as exc:

@@ -9,10 +9,17 @@ ledger row commit, so an acknowledged body survives a power cut.
 
 The name is the content's hash: a body landed twice (a retry whose first answer was
 lost, two keys for one body) is one file, and the file ledger commits its rows once.
+
+Spools and landed files are 0600, directories made here 0700 (bodies are data).
+A spool file is ``flock``-ed by its writer from creation until it is renamed into
+place or removed, so :func:`remove_stale_spools` (run when ``idem serve`` starts)
+can tell the spool of a server killed mid-request (lock free) from one another
+live server is writing (locked), and removes only the first.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import uuid
@@ -21,6 +28,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from idem_platform.keys import file_key_from_digest
+from idem_platform.private_files import create_private, private_dir
 
 LANDED_SUFFIX = ".ndjson"
 _SPOOL_PREFIX = ".push-"
@@ -107,8 +115,8 @@ class Spool:
         return self._newlines + (1 if self._last and self._last != b"\n" else 0)
 
     def _spill(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed by publish/discard
+        private_dir(self.directory)
+        self._file = _create_locked(self.path)
         if self._buffer:
             self._file.write(self._buffer)
         self._buffer = None
@@ -137,8 +145,10 @@ class Spool:
         handle = self._opened()
         handle.flush()
         os.fsync(handle.fileno())
-        handle.close()
-        os.replace(self.path, target)
+        try:
+            os.replace(self.path, target)  # still locked: a start-up sweep leaves it alone
+        finally:
+            handle.close()
         directory = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(directory)
@@ -155,5 +165,48 @@ class Spool:
     def _close_and_remove(self) -> None:
         self._buffer = None
         if self._file is not None:
+            self.path.unlink(missing_ok=True)  # before closing, which drops the lock
             self._file.close()
-            self.path.unlink(missing_ok=True)
+
+
+def _create_locked(path: Path) -> BinaryIO:
+    """A new 0600 spool file at ``path``, ``flock``-ed for as long as it is open.
+
+    A sweep can lock and remove the file between its creation and our lock (it sees a
+    file nobody holds); the file we then hold has no name left, so make it again.
+    """
+    while True:
+        handle = create_private(path)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        if os.fstat(handle.fileno()).st_nlink > 0:
+            return handle
+        handle.close()
+
+
+def remove_stale_spools(directory: Path) -> list[Path]:
+    """Remove the spool files in ``directory`` no live writer holds; returns them.
+
+    Such a file is what a server killed mid-request (``kill -9``, a power cut) left:
+    no ``202`` was sent for it and nothing else ever removes it. A spool another
+    server is writing is locked and is left alone.
+    """
+    removed: list[Path] = []
+    try:
+        candidates = sorted(directory.glob(f"{_SPOOL_PREFIX}*.tmp"))
+    except OSError:
+        return removed
+    for path in candidates:
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # gone already (published or discarded meanwhile)
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.fstat(descriptor), os.stat(path)):
+                path.unlink()
+                removed.append(path)
+        except OSError:  # locked by its live writer, or renamed/removed meanwhile
+            continue
+        finally:
+            os.close(descriptor)
+    return removed

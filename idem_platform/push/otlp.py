@@ -43,7 +43,10 @@ that is not 8 (in JSON: not that many hex digits), a field the JSON mapping
 cannot parse, an ``AnyValue`` kind logs cannot carry (``string_value_strindex``
 points into a profiles string table), a timestamp out of range, a NUL character
 in any string (PostgreSQL cannot store it; the ingest path would reject the
-line after the exporter had been told it succeeded). A body that does
+line after the exporter had been told it succeeded), a record whose NDJSON line
+is longer than the connector's ``max_line_bytes`` (ingest would make it a
+``too_long`` reject, its raw text cut to a head that ``idem rejects retry``
+can never replay). A body that does
 not parse at all, or whose containers have the wrong shape, is
 :class:`MalformedExport` (HTTP 400); an unknown content type is
 :class:`UnsupportedMediaType` (HTTP 415).
@@ -144,6 +147,7 @@ class DecodedLogs:
 
     Attributes:
         records: one flat dict per accepted log record, in request order.
+        lines: each record's NDJSON line, newline included (what :func:`to_ndjson` writes).
         rejected: how many log records were rejected (OTLP's ``rejected_log_records``).
         problems: the first :data:`MAX_PROBLEMS` reasons, each prefixed with the
             record's path (``resourceLogs[0].scopeLogs[1].logRecords[2]: ...``).
@@ -152,6 +156,13 @@ class DecodedLogs:
     records: list[dict[str, Any]] = field(default_factory=list)
     rejected: int = 0
     problems: list[str] = field(default_factory=list)
+    lines: list[bytes] = field(default_factory=list, repr=False)
+
+    def ndjson(self) -> bytes:
+        """The records as :func:`to_ndjson` writes them, from the lines already encoded."""
+        if len(self.lines) == len(self.records):
+            return b"".join(self.lines)
+        return to_ndjson(self.records)
 
     @property
     def message(self) -> str:
@@ -166,19 +177,30 @@ class DecodedLogs:
 
 
 class _Collector:
-    """Accumulates records and rejections while walking a request."""
+    """Accumulates records, their NDJSON lines and rejections while walking a request."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_record_bytes: int | None = None) -> None:
         self.records: list[dict[str, Any]] = []
+        self.lines: list[bytes] = []
         self.rejected = 0
         self.problems: list[str] = []
+        self.max_record_bytes = max_record_bytes
 
     def take(self, where: str, build: Callable[..., dict[str, Any]], *args: Any) -> None:
         """Append ``build(*args)``'s record, or count the record rejected with its reason."""
         try:
-            self.records.append(build(*args))
+            record = build(*args)
+            line = _dumps(record).encode("utf-8")
+            if self.max_record_bytes is not None and len(line) > self.max_record_bytes:
+                raise _Rejected(
+                    f"the record is {len(line)} bytes as an NDJSON line, over this connector's "
+                    f"max_line_bytes ({self.max_record_bytes}); ingest would reject it as too_long"
+                )
         except _Rejected as exc:
             self.reject(where, str(exc))
+            return
+        self.records.append(record)
+        self.lines.append(line + b"\n")
 
     def reject(self, where: str, reason: str) -> None:
         self.rejected += 1
@@ -186,7 +208,7 @@ class _Collector:
             self.problems.append(f"{where}: {reason}")
 
     def result(self) -> DecodedLogs:
-        return DecodedLogs(records=self.records, rejected=self.rejected, problems=self.problems)
+        return DecodedLogs(records=self.records, rejected=self.rejected, problems=self.problems, lines=self.lines)
 
 
 def media_type(content_type: str | None) -> str:
@@ -201,8 +223,11 @@ def media_type(content_type: str | None) -> str:
     raise UnsupportedMediaType(content_type)
 
 
-def decode_export(body: bytes, content_type: str | None) -> DecodedLogs:
+def decode_export(body: bytes, content_type: str | None, *, max_record_bytes: int | None = None) -> DecodedLogs:
     """Decode an OTLP/HTTP logs body into flat ``log`` records.
+
+    With ``max_record_bytes`` (the connector's ``max_line_bytes``), a record whose
+    NDJSON line is longer is rejected here, where the exporter hears about it.
 
     Raises:
         UnsupportedMediaType: ``content_type`` is neither encoding (checked first).
@@ -211,8 +236,8 @@ def decode_export(body: bytes, content_type: str | None) -> DecodedLogs:
     """
     kind = media_type(content_type)
     if kind == PROTOBUF:
-        return _decode_protobuf(body)
-    return _decode_json(body)
+        return _decode_protobuf(body, _Collector(max_record_bytes))
+    return _decode_json(body, _Collector(max_record_bytes))
 
 
 def encode_response(rejected: int, message: str, content_type: str | None) -> bytes:
@@ -254,12 +279,11 @@ def _dumps(value: Any) -> str:
 # --- protobuf -----------------------------------------------------------------------
 
 
-def _decode_protobuf(body: bytes) -> DecodedLogs:
+def _decode_protobuf(body: bytes, out: _Collector) -> DecodedLogs:
     try:
         request = ExportLogsServiceRequest.FromString(body)
     except DecodeError as exc:
         raise MalformedExport(f"body is not a protobuf ExportLogsServiceRequest: {exc}") from None
-    out = _Collector()
     for i, resource_logs in enumerate(request.resource_logs):
         resource = _context(_resource, resource_logs)
         for j, scope_logs in enumerate(resource_logs.scope_logs):
@@ -273,7 +297,7 @@ def _decode_protobuf(body: bytes) -> DecodedLogs:
 # --- JSON ---------------------------------------------------------------------------
 
 
-def _decode_json(body: bytes) -> DecodedLogs:
+def _decode_json(body: bytes, out: _Collector) -> DecodedLogs:
     """The JSON mapping, walked level by level so one bad record rejects only itself.
 
     Each level is handed to ``json_format.ParseDict`` without its child list
@@ -294,7 +318,6 @@ def _decode_json(body: bytes) -> DecodedLogs:
         raise MalformedExport(
             f"body must be a JSON object (ExportLogsServiceRequest), got {_json_kind(document)}"
         )
-    out = _Collector()
     for i, raw_resource in enumerate(_children(document, "resourceLogs", "")):
         where_resource = f"resourceLogs[{i}]"
         resource_obj = _object(raw_resource, where_resource)

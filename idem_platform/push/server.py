@@ -21,6 +21,10 @@ from idem_platform.push.app import ServeSettings, create_app
 
 TOKEN_ENV = "IDEM_HTTP_TOKEN"
 LOOPBACK = "127.0.0.1"
+MAX_HEAD_BYTES = 64 << 10
+"""Bound on a request's line and headers together; past it the connection gets ``400`` and is closed."""
+MAX_CONCURRENT = 1024
+"""Connections and requests served at once; past it a request gets ``503`` (clients retry)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -44,10 +48,22 @@ def bind_host(host: str, token: str | None) -> tuple[str, str | None]:
 
 
 def _config(settings: ServeSettings, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings, with bounds a client cannot push past.
+
+    The HTTP parser is h11, not httptools (uvicorn's pick when it is installed):
+    httptools buffers a request line and headers of any size, so one connection
+    sending a 150 MB header held ~1 GB and stalled ``/healthz`` for tens of seconds.
+    h11 refuses a head past :data:`MAX_HEAD_BYTES` with ``400`` and closes the
+    connection; :data:`MAX_CONCURRENT` bounds how many such buffers exist at once.
+    """
     return uvicorn.Config(
         create_app(settings),
         host=host,
         port=port,
+        http="h11",
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        limit_concurrency=MAX_CONCURRENT,
+        timeout_keep_alive=5,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=10,

@@ -54,6 +54,7 @@ whose run does not exist yet is made again with the same key.
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -74,8 +75,10 @@ from idem_platform.errors import FileChangedError, RefusedFileError
 from idem_platform.keys import file_key_from_digest
 from idem_platform.ledger import Ledger, LedgerEntry, next_attempt
 from idem_platform.postgres.schema import SCHEMA
+from idem_platform.push.landing import LANDED_SUFFIX
 
 HASH_BUDGET_SECONDS = 20.0
+_LANDED_NAME = re.compile(r"([0-9a-f]{64})" + re.escape(LANDED_SUFFIX))
 FILE_KEY_TAG = "idem/file_key"  # a batch: its first file's key (resources.py warms Spark up on it)
 ATTEMPT_TAG = "idem/attempt"
 FILES_TAG = "idem/files"  # how many files the run commits
@@ -302,6 +305,7 @@ def _settled(
 
     A file is hashed (in chunks) once it is settled and not hashed before, within the
     tick's hashing budget; a file that changed forgets its sha256 and its request.
+    A body ``idem serve`` landed settles on its first look (:func:`_landed_whole`).
     """
     cursor = _Cursor({}, dict(previous.ranges))  # only files settling or not committed yet
     ready: dict[str, str] = {}
@@ -313,11 +317,15 @@ def _settled(
         before = previous.files.get(relative)
         settled = before is not None and tuple(before[:4]) == now.stamp
         sha = before[4] if settled and before is not None and len(before) > 4 else None
-        if settled and sha is None and time.monotonic() < budget_end:
+        named = None if settled else _landed_name(connector, relative)
+        if (settled or named) and sha is None and time.monotonic() < budget_end:
             try:
                 sha = hash_file(directory / relative, max_split_bytes=connector.split_bytes).sha256
             except (FileChangedError, FileNotFoundError, RefusedFileError):
-                settled = False  # changed, gone, or swapped for a FIFO since the look: the next look decides
+                settled, named = False, None  # changed, gone, or swapped for a FIFO since the look: the next look decides
+            if named:
+                settled = _landed_whole(named, sha)
+                sha = sha if settled else None
         cursor.files[relative] = [*now.stamp, sha]
         if settled and sha is not None:
             ready[relative] = sha
@@ -326,6 +334,27 @@ def _settled(
                 memory[relative] = asked
                 cursor.files[relative] += [asked.run_key, asked.attempt, asked.misses]
     return cursor, ready, memory
+
+
+def _landed_name(connector: ConnectorConfig, relative: str) -> str | None:
+    """The sha256 a file of an http/otlp connector's landing directory is named by
+    (``<sha256>.ndjson``, as ``idem serve`` lands bodies), else ``None``."""
+    if connector.kind not in ("http", "otlp"):
+        return None
+    match = _LANDED_NAME.fullmatch(relative)
+    return match.group(1) if match else None
+
+
+def _landed_whole(named: str, sha: str | None) -> bool:
+    """Whether a file named by a sha256 holds exactly the bytes that hash to it.
+
+    ``idem serve`` writes a body to a dotfile, fsyncs it and renames it to its
+    content's hash, so such a file is complete the moment it appears: waiting for a
+    second look (a tick ``sensor_interval_seconds`` later) would only delay its run.
+    Anything else under that name (a copy still being written, a file put there by
+    hand) does not hash to it and settles the usual way, unchanged across two looks.
+    """
+    return sha is not None and sha == named
 
 
 @dataclass
@@ -416,10 +445,11 @@ def build_filedrop_sensor(
     @dg.sensor(
         name=f"{connector.name.replace('-', '_')}_filedrop_sensor",
         job=job,
-        minimum_interval_seconds=connector.sensor_interval_seconds,
+        minimum_interval_seconds=connector.sensor_interval,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
-            f"Watches {shown_path or directory} for settled files (unchanged across two looks; dotfiles and "
+            f"Watches {shown_path or directory} for settled files (unchanged across two looks, or landed whole "
+            "by idem serve; dotfiles and "
             "*.tmp/*.part/*.partial are ignored) and requests runs for the files the ledger has not "
             f"committed: new files in batches of up to {connector.max_files_per_run} files and "
             f"{connector.max_bytes_per_run} bytes (one commit, a partition per file), every retry one "
