@@ -68,7 +68,7 @@ def embedded_postgres_url(home: Path | None = None) -> str:
     directory.parent.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(directory, cleanup_mode=None)
     url: str = server.get_uri()
-    if _tune(url) and _alone(url):
+    if _tune(url) and alone(url):
         _restart(server)
     return url
 
@@ -95,7 +95,7 @@ def _tune(url: str) -> bool:
     return restart
 
 
-def _alone(url: str) -> bool:
+def alone(url: str) -> bool:
     """Whether no other client (a webserver, a run, another CLI call) is connected."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
