@@ -42,12 +42,11 @@ def _setting(url: str, name: str) -> str:
 def _downgrade(url: str, home: Path) -> None:
     """Make the server look like one started before the tuning (stock shared_buffers)."""
     import pgserver
-    from pgserver._commands import pg_ctl
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ALTER SYSTEM SET shared_buffers = '128MB'")
     server = pgserver.get_server(data_dir(home), cleanup_mode=None)
-    pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user)
+    pgserver.pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user)
     assert _setting(url, "shared_buffers") == "128MB"
 
 

@@ -105,10 +105,9 @@ def alone(url: str) -> bool:
 
 
 def _restart(server: object) -> None:
-    from pgserver._commands import pg_ctl  # pgserver's own wrapper: runs as the server's user
-
     _log.info("restarting the embedded PostgreSQL to apply %s", ", ".join(RESTART_SETTINGS))
-    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user)  # type: ignore[attr-defined]
+    # pgserver's own pg_ctl wrapper (exported at its top level): runs as the server's user.
+    _pgserver().pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user)  # type: ignore[attr-defined]
 
 
 def stop_embedded(home: Path | None = None) -> bool:
@@ -118,8 +117,6 @@ def stop_embedded(home: Path | None = None) -> bool:
     if not pid_file.exists():
         return False
     pgserver = _pgserver()
-    from pgserver._commands import pg_ctl
-
     server = pgserver.get_server(directory, cleanup_mode=None)
-    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+    pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
     return True
