@@ -18,12 +18,14 @@ start.
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
 
 import psycopg
 
+from idem_platform.errors import EmbeddedPostgresError
 from idem_platform.postgres.connection import idem_home
 
 _log = logging.getLogger(__name__)
@@ -55,7 +57,14 @@ def _pgserver() -> ModuleType:
     every command where ``XDG_RUNTIME_DIR`` is unset (root shells, containers, CI)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-        import pgserver
+        try:
+            import pgserver
+        except ImportError:  # an optional dependency: pgserver has no build for every Python
+            raise EmbeddedPostgresError(
+                "the embedded PostgreSQL needs the pgserver package, which is not installed (it has no "
+                f"build for Python {sys.version_info.major}.{sys.version_info.minor}): set "
+                "IDEM_POSTGRES_URL to a PostgreSQL server"
+            ) from None
 
     return pgserver
 
