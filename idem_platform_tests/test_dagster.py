@@ -16,7 +16,7 @@ import pytest
 from idem_platform.config import IdemConfig
 from idem_platform.defs.definitions import build_definitions
 from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
-from idem_platform.defs.resources import pool_storage_connections
+from idem_platform.defs.storage import pool_storage_connections
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform_tests.conftest import (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from idem_platform.postgres.embedded import (
     RESTART_SETTINGS,
+    alone,
     data_dir,
     embedded_postgres_url,
     stop_embedded,
@@ -40,13 +42,21 @@ def _setting(url: str, name: str) -> str:
 def _downgrade(url: str, home: Path) -> None:
     """Make the server look like one started before the tuning (stock shared_buffers)."""
     import pgserver
-    from pgserver._commands import pg_ctl
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ALTER SYSTEM SET shared_buffers = '128MB'")
     server = pgserver.get_server(data_dir(home), cleanup_mode=None)
-    pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user)
+    pgserver.pg_ctl(["-w", "restart"], pgdata=server.pgdata, user=server.system_user)
     assert _setting(url, "shared_buffers") == "128MB"
+
+
+def _wait_until_alone(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if alone(url):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"another client stayed connected for {timeout} s")
 
 
 def test_the_embedded_server_is_tuned_restarted_only_when_alone_and_stopped(home: Path) -> None:
@@ -59,6 +69,9 @@ def test_the_embedded_server_is_tuned_restarted_only_when_alone_and_stopped(home
         assert embedded_postgres_url(home) == url
         assert other_client.execute("SELECT 1").fetchone() == (1,)  # not cut off by a restart
         assert _setting(url, "shared_buffers") == "128MB"
+    # A closed client's backend leaves pg_stat_activity a moment later (longer under load):
+    # wait until the server itself sees no other client, which is what "alone" means.
+    _wait_until_alone(url)
     assert embedded_postgres_url(home) == url  # alone now: restarted with the settings
     assert _setting(url, "shared_buffers") == RESTART_SETTINGS["shared_buffers"]
 

@@ -2,47 +2,23 @@
 
 ``postgres`` takes ``IDEM_POSTGRES_URL`` or starts the embedded server, and
 brings the ``idem`` schema up to date when a run starts (versioned DDL under an
-advisory lock, so concurrent runs are safe). ``spark`` is dagster-pyspark's lazy
+advisory lock, so concurrent runs are safe). ``spark`` is a lazy
 session resource with idem's defaults: a run whose files are all replays never
 starts a JVM.
 """
 
 
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import dagster as dg
 import psycopg
-from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
+from idem_platform.defs.storage import pool_storage_connections
 from idem_platform.postgres import connect, ensure_schema, resolve_postgres_url
 from idem_platform.redact import remember_url, secrets_kept
-
-
-def pool_storage_connections(instance: dg.DagsterInstance) -> None:
-    """Have Dagster's PostgreSQL storage keep its connection for the rest of this process.
-
-    Outside the webserver, dagster-postgres opens a new connection for every event it
-    stores, and a run of idem stores a hundred or more (steps, logs, checks, one
-    materialization per table written): on a TCP server that was ~1–2 s of a 16-table
-    batch's run. ``optimize_for_webserver`` is Dagster's own switch to a pooled engine
-    (one connection kept, up to four more under concurrent use); ``statement_timeout=0``
-    keeps PostgreSQL's default of none. SQLite and in-memory storages ignore it. Once
-    per instance: ``idem ingest`` pools before its run's first event; in a run the daemon
-    launches, :class:`PostgresResource` pools when the run first uses it (the events
-    stored before that still open their own sessions).
-    """
-    from idem_platform.defs.storage import PooledPostgresEventLogStorage
-
-    if instance in _POOLED or isinstance(instance.event_log_storage, PooledPostgresEventLogStorage):
-        return  # idem's dagster.yaml: pooled from the start
-    instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=4)
-    _POOLED.add(instance)
-
-
-_POOLED: weakref.WeakSet[dg.DagsterInstance] = weakref.WeakSet()
 
 
 class PostgresResource(dg.ConfigurableResource):
@@ -92,22 +68,31 @@ class PostgresResource(dg.ConfigurableResource):
 WARM_UP_TAG = "idem/file_key"
 
 
-class SparkResource(LazyPySparkResource):
-    """dagster-pyspark's lazy session with idem's defaults and data sources registered.
+class SparkResource(dg.ConfigurableResource):
+    """A Spark session with idem's defaults and data sources registered, started lazily.
 
-    ``spark_config`` takes any Spark setting; ``spark.master`` defaults to the
-    value from ``IDEM_SPARK_MASTER``, ``idem.yaml`` or ``local[*]``.
+    A run whose files are all replays never touches ``spark_session`` and so never
+    starts a JVM. ``spark_config`` takes any Spark setting; ``spark.master`` defaults
+    to the value from ``IDEM_SPARK_MASTER``, ``idem.yaml`` or ``local[*]``.
+
+    Our own resource rather than dagster-pyspark's ``LazyPySparkResource``: that one
+    builds its session in a private hook, and idem needs its own builder
+    (:func:`~idem_platform.spark.session.build_session`: Spark Connect, data sources).
     """
 
-    @classmethod
-    def _is_dagster_maintained(cls) -> bool:
-        return False
+    spark_config: dict[str, Any] = Field(
+        default_factory=dict, description="Spark settings for the run's session (spark.master, spark.remote, …)."
+    )
+    _session: Any = PrivateAttr(default=None)
 
-    def _init_session(self) -> None:
-        if self._spark_session is None:
+    @property
+    def spark_session(self) -> Any:
+        """The run's ``SparkSession``, built on first use and kept for the process."""
+        if self._session is None:
             from idem_platform.spark.session import build_session
 
-            self._spark_session = build_session({k: str(v) for k, v in self.spark_config.items()})
+            self._session = build_session({k: str(v) for k, v in self.spark_config.items()})
+        return self._session
 
     @property
     def master(self) -> str:

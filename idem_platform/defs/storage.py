@@ -6,7 +6,7 @@ stores a hundred or more events, and a batch run over N files' partitions stores
 N planned materializations per asset when the daemon creates it and N
 materializations per asset when it ends: at ~15 ms a session on a TCP server, a
 500-file batch spent ~17 s of the daemon's time per asset creating its run, and as
-much again in the run. :func:`~idem_platform.defs.resources.pool_storage_connections`
+much again in the run. :func:`pool_storage_connections`
 only reached the events after a run's resources started, and never the daemon's.
 
 These classes are dagster-postgres's own, switched at construction to the pooled
@@ -21,21 +21,24 @@ read by the instance at each event, off by default; a value the environment sets
 the N materializations a batch run's output reports per asset are then one ``INSERT``
 and one update of the asset's row, not N of each.
 
+``optimize_for_webserver`` is the one way dagster-postgres offers to keep a connection
+(it has no pool setting in ``dagster.yaml``: dagster-io/dagster#33935); every use of it is
+in this module.
+
 The module imports nothing of idem's core: the daemon and the webserver load it.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import dagster as dg
 from dagster_postgres.event_log import PostgresEventLogStorage
 from dagster_postgres.run_storage import PostgresRunStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
-
-if TYPE_CHECKING:
-    from dagster._serdes import ConfigurableClassData
 
 POOL = {"statement_timeout": 0, "pool_recycle": 3600, "max_overflow": 4}
 EVENT_BATCH_SIZE = "1000"
@@ -60,7 +63,7 @@ class PooledPostgresEventLogStorage(PostgresEventLogStorage):
 
     @classmethod
     def from_config_value(  # type: ignore[override]
-        cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
+        cls, inst_data: Any, config_value: Mapping[str, Any]
     ) -> PooledPostgresEventLogStorage:
         return cls(inst_data=inst_data, **_settings(config_value))
 
@@ -74,6 +77,26 @@ class PooledPostgresRunStorage(PostgresRunStorage):
 
     @classmethod
     def from_config_value(  # type: ignore[override]
-        cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
+        cls, inst_data: Any, config_value: Mapping[str, Any]
     ) -> PooledPostgresRunStorage:
         return cls(inst_data=inst_data, **_settings(config_value))
+
+
+def pool_storage_connections(instance: dg.DagsterInstance) -> None:
+    """Have an instance's PostgreSQL storage keep its connection for the rest of this process.
+
+    For an instance configured with dagster-postgres's own storage classes rather than
+    idem's ``dagster.yaml``: outside the webserver it opens a new connection for every
+    event it stores, and a run of idem stores a hundred or more (steps, logs, checks,
+    one materialization per table written): on a TCP server that was ~1–2 s of a
+    16-table batch's run. SQLite and in-memory storages ignore it. Once per instance:
+    ``idem ingest`` pools before its run's first event; in a run the daemon launches,
+    the ``postgres`` resource pools when the run first uses it.
+    """
+    if instance in _POOLED or isinstance(instance.event_log_storage, PooledPostgresEventLogStorage):
+        return  # idem's dagster.yaml: pooled from the start
+    instance.optimize_for_webserver(**POOL)
+    _POOLED.add(instance)
+
+
+_POOLED: weakref.WeakSet[dg.DagsterInstance] = weakref.WeakSet()

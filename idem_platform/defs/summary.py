@@ -81,6 +81,8 @@ def summary_metadata(
             metadata[f"new_columns/{record_type}"] = dg.MetadataValue.text(", ".join(counts["new_columns"]))
         if counts.get("to_props"):
             metadata[f"to_props/{record_type}"] = dg.MetadataValue.text(", ".join(counts["to_props"]))
+        if counts.get("props_fields"):  # each field that went to props, with why
+            metadata[f"props_fields/{record_type}"] = dg.MetadataValue.json(dict(counts["props_fields"]))
     for key in JSON_KEYS:
         if summary.get(key):
             metadata[key] = dg.MetadataValue.json(summary[key])
@@ -105,9 +107,14 @@ def summary_from_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
     tables: dict[str, dict[str, Any]] = {}
     for key, value in values.items():
         kind, _, record_type = key.partition("/")
-        if record_type and kind in (*PER_TABLE, "new_columns", "to_props"):
-            entry = tables.setdefault(record_type, {"written": 0, "skipped": 0, "new_columns": [], "to_props": []})
-            entry[kind] = value if kind in PER_TABLE else [v for v in str(value).split(", ") if v]
+        if record_type and kind in (*PER_TABLE, "new_columns", "to_props", "props_fields"):
+            entry = tables.setdefault(
+                record_type, {"written": 0, "skipped": 0, "new_columns": [], "to_props": [], "props_fields": {}}
+            )
+            if kind in PER_TABLE or kind == "props_fields":
+                entry[kind] = value
+            else:
+                entry[kind] = [v for v in str(value).split(", ") if v]
     if tables:
         summary["tables"] = tables
     for key in (*JSON_KEYS[1:], *TEXT_KEYS, "nothing_to_ingest"):

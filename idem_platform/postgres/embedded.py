@@ -18,12 +18,14 @@ start.
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
 
 import psycopg
 
+from idem_platform.errors import EmbeddedPostgresError
 from idem_platform.postgres.connection import idem_home
 
 _log = logging.getLogger(__name__)
@@ -55,7 +57,14 @@ def _pgserver() -> ModuleType:
     every command where ``XDG_RUNTIME_DIR`` is unset (root shells, containers, CI)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-        import pgserver
+        try:
+            import pgserver
+        except ImportError:  # an optional dependency: pgserver has no build for every Python
+            raise EmbeddedPostgresError(
+                "the embedded PostgreSQL needs the pgserver package, which is not installed (it has no "
+                f"build for Python {sys.version_info.major}.{sys.version_info.minor}): set "
+                "IDEM_POSTGRES_URL to a PostgreSQL server"
+            ) from None
 
     return pgserver
 
@@ -68,7 +77,7 @@ def embedded_postgres_url(home: Path | None = None) -> str:
     directory.parent.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(directory, cleanup_mode=None)
     url: str = server.get_uri()
-    if _tune(url) and _alone(url):
+    if _tune(url) and alone(url):
         _restart(server)
     return url
 
@@ -95,7 +104,7 @@ def _tune(url: str) -> bool:
     return restart
 
 
-def _alone(url: str) -> bool:
+def alone(url: str) -> bool:
     """Whether no other client (a webserver, a run, another CLI call) is connected."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
@@ -105,10 +114,9 @@ def _alone(url: str) -> bool:
 
 
 def _restart(server: object) -> None:
-    from pgserver._commands import pg_ctl  # pgserver's own wrapper: runs as the server's user
-
     _log.info("restarting the embedded PostgreSQL to apply %s", ", ".join(RESTART_SETTINGS))
-    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user)  # type: ignore[attr-defined]
+    # pgserver's own pg_ctl wrapper (exported at its top level): runs as the server's user.
+    _pgserver().pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user)  # type: ignore[attr-defined]
 
 
 def stop_embedded(home: Path | None = None) -> bool:
@@ -118,8 +126,6 @@ def stop_embedded(home: Path | None = None) -> bool:
     if not pid_file.exists():
         return False
     pgserver = _pgserver()
-    from pgserver._commands import pg_ctl
-
     server = pgserver.get_server(directory, cleanup_mode=None)
-    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+    pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
     return True

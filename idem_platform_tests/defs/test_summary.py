@@ -1,0 +1,49 @@
+"""A commit's summary survives the trip through Dagster metadata (what the CLI and the checks read back)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from idem_platform.defs.summary import summary_from_metadata, summary_metadata
+
+
+def _summary() -> dict[str, Any]:
+    return {
+        "commit_id": "c0ffee",
+        "rows_written": 3,
+        "rows_skipped": 1,
+        "rows_rejected": 0,
+        "replayed": False,
+        "seconds": 1.5,
+        "files": ["a.ndjson"],
+        "tables": {
+            "indicator": {
+                "written": 3,
+                "skipped": 1,
+                "new_columns": ["fresh"],
+                "to_props": ["PROPS", "xmin"],
+                "props_fields": {
+                    "PROPS": "has capitals: PostgreSQL folds names, it would meet 'props'",
+                    "xmin": "a PostgreSQL system column name",
+                },
+            },
+            "malware": {"written": 0, "skipped": 0, "new_columns": [], "to_props": [], "props_fields": {}},
+        },
+    }
+
+
+def test_every_table_figure_survives_metadata_and_back() -> None:
+    """The CLI's JSON summary is rebuilt from the materialization's metadata: nothing the commit
+    computed (``props_fields``: which fields went to ``props``, and why) may be lost on the way."""
+    summary = _summary()
+    rebuilt = summary_from_metadata(summary_metadata(summary))
+    assert rebuilt["tables"]["indicator"] == summary["tables"]["indicator"]
+    assert rebuilt["files"] == summary["files"]
+    for key in ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed"):
+        assert rebuilt[key] == summary[key]
+
+
+def test_props_fields_are_shown_with_their_reasons() -> None:
+    metadata = summary_metadata(_summary())
+    assert metadata["props_fields/indicator"].value["xmin"] == "a PostgreSQL system column name"
+    assert "props_fields/malware" not in metadata  # nothing went to props there
