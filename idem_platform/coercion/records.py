@@ -358,7 +358,7 @@ def direct_supported(spec: RecordSpec) -> bool:
 
 
 def _direct_plan(
-    spec: RecordSpec, tables: dict[str, _TableRows], direct: DirectRows, units: np.ndarray, offsets: np.ndarray, ignored: set[str]
+    spec: RecordSpec, tables: dict[str, _TableRows], direct: DirectRows, units: np.ndarray, offsets: np.ndarray, ignored: frozenset[str]
 ) -> tuple[Any, ...]:
     """What ``_native.coerce_lines`` needs to write direct rows for this batch."""
     routes = {}
@@ -523,8 +523,10 @@ def _coerce_batch(
             if fixed_type is not None:
                 record_type = fixed_type
             else:
-                record_type = record.get(type_field)  # type: ignore[arg-type]
-                if type(record_type) is not str or record_type not in tables:
+                routed = record.get(type_field)
+                if type(routed) is str and routed in tables:
+                    record_type = routed
+                else:
                     record_type = _route(record, type_field, tables)  # raises the precise reject
             digest = sha1(canonical).hexdigest()
             ext_id = record.get(id_field)

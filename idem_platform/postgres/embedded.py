@@ -21,10 +21,14 @@ import logging
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from idem_platform.postgres.connection import idem_home
+
+if TYPE_CHECKING:
+    from pgserver import PostgresServer
 
 _log = logging.getLogger(__name__)
 
@@ -104,11 +108,18 @@ def _alone(url: str) -> bool:
     return row is not None and row[0] == 0
 
 
-def _restart(server: object) -> None:
-    from pgserver._commands import pg_ctl  # pgserver's own wrapper: runs as the server's user
+def _pg_ctl(args: list[str], server: PostgresServer) -> None:
+    """Run ``pg_ctl`` through pgserver's own wrapper, which runs it as the server's user."""
+    # pgserver makes one wrapper per binary at import (setattr on its _commands module),
+    # so its py.typed package declares no pg_ctl for mypy to find.
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
 
+    pg_ctl(args, pgdata=server.pgdata, user=server.system_user)
+
+
+def _restart(server: PostgresServer) -> None:
     _log.info("restarting the embedded PostgreSQL to apply %s", ", ".join(RESTART_SETTINGS))
-    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user)  # type: ignore[attr-defined]
+    _pg_ctl(["-w", "-m", "fast", "restart"], server)
 
 
 def stop_embedded(home: Path | None = None) -> bool:
@@ -117,9 +128,6 @@ def stop_embedded(home: Path | None = None) -> bool:
     pid_file = directory / "postmaster.pid"
     if not pid_file.exists():
         return False
-    pgserver = _pgserver()
-    from pgserver._commands import pg_ctl
-
-    server = pgserver.get_server(directory, cleanup_mode=None)
-    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+    server = _pgserver().get_server(directory, cleanup_mode=None)
+    _pg_ctl(["-w", "-m", "fast", "stop"], server)
     return True
