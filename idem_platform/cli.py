@@ -212,8 +212,10 @@ def use_spark_server(config: IdemConfig) -> str | None:
     if state is None:
         failed = connect_server.recent_failure(directory, connect_server.fingerprint(master, server_conf(config)))
         if failed is not None:
+            at = failed["at"]
+            assert isinstance(at, (int, float))  # recent_failure returns only a failure with a numeric "at"
             sys.stderr.write(
-                f"the Spark Connect server in {directory} failed to start {time.time() - float(failed['at']):.0f} s ago "
+                f"the Spark Connect server in {directory} failed to start {time.time() - at:.0f} s ago "
                 f"({failed['error']}; log {failed['log']}); this run starts Spark itself, and runs try the server "
                 f"again {connect_server.RETRY_AFTER_SECONDS / 60:.0f} minutes after the failure (or: idem spark start)\n"
             )
@@ -606,6 +608,11 @@ def cmd_ledger_purge(args: argparse.Namespace) -> dict[str, Any]:
     return {"purged": purged, "staging_dropped": dropped}
 
 
+def _progress_line(line: str) -> None:
+    """A long command's progress on a terminal: on stderr, so stdout keeps only the report."""
+    sys.stderr.write(line + "\n")
+
+
 def cmd_promote(args: argparse.Namespace) -> dict[str, Any] | None:
     """``idem promote TYPE COLUMN --to KIND``: a typed companion for an evolved text column, then the backfill."""
     from idem_platform.postgres.promotion import human_report, promote_column
@@ -617,7 +624,7 @@ def cmd_promote(args: argparse.Namespace) -> dict[str, Any] | None:
         raise CommandError(f"--batch-rows must be at least 1 (got {args.batch_rows})")
     url = prepare_environment()
     terminal = not args.json and sys.stdout.isatty()
-    progress = (lambda line: sys.stderr.write(line + "\n")) if terminal else None
+    progress = _progress_line if terminal else None
     report = promote_column(
         url, config.table_specs[args.record_type], args.column, args.to, batch_rows=args.batch_rows, progress=progress
     )
@@ -650,7 +657,7 @@ def cmd_migrate(args: argparse.Namespace) -> dict[str, Any] | None:
         def spark() -> Any:  # started only when some table has rows to move; a bulk job: the full JIT
             return build_session(spark_config_for(config.spark_master(), dict(config.spark.conf)), long_lived=True)
 
-        progress = (lambda line: sys.stderr.write(line + "\n")) if terminal else None
+        progress = _progress_line if terminal else None
         report = migrate(
             spark, url, config, types, batch_rows=args.batch_rows, skip_failed=args.skip_failed, progress=progress
         )

@@ -30,7 +30,7 @@ TABLES = ("indicator", "malware", "threat-actor")
 def restartable() -> Iterator[tuple[object, str]]:
     """An embedded PostgreSQL of this module's own, so it can be restarted without hurting others."""
     import pgserver
-    from pgserver._commands import pg_ctl
+    from pgserver import pg_ctl
 
     data = Path(tempfile.mkdtemp(prefix="idem-restart-pg-"))
     server = pgserver.get_server(data, cleanup_mode=None)
@@ -44,7 +44,7 @@ def restartable() -> Iterator[tuple[object, str]]:
 
 
 def restart(server: object) -> None:
-    from pgserver._commands import pg_ctl
+    from pgserver import pg_ctl
 
     pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)  # type: ignore[attr-defined]
 

@@ -14,7 +14,8 @@ import pytest
 from idem_platform.config import IdemConfig
 from idem_platform.connectors.filedrop import file_unit
 from idem_platform.connectors.filedrop.files import hash_file
-from idem_platform.defs.filedrop.sensors import decide
+from idem_platform.defs.filedrop.sensors import Decision, _copies_of_committed, decide
+from idem_platform.keys import file_key_from_digest
 from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
@@ -248,3 +249,13 @@ def test_decide(status: str | None, attempts: int, alive: bool, error: dict | No
     assert decide("f", "ab" * 32, entry, alive, max_attempts=3).attempt == expected
 
 
+def test_copies_of_committed_names_nothing_for_a_committed_decision_without_its_ledger_row(
+    tmp_path: Path,
+) -> None:
+    """The skip-reason notes survive a decision whose ledger row is absent (or has no result):
+    the old `if entry is not None` sat inside the comprehension, after `entry.result` was read."""
+    sha = "ab" * 32
+    committed = Decision("copy.ndjson", sha, None, "committed")
+    assert _copies_of_committed(tmp_path, [committed], {}) == []
+    row = LedgerEntry(file_key_from_digest(sha), "committed", 1, "o", None, None, "h")
+    assert _copies_of_committed(tmp_path, [committed], {row.key: row}) == []

@@ -31,15 +31,25 @@ from collections.abc import Callable, Iterator
 from itertools import repeat
 from typing import Any
 
-_coerce_lines: Callable[[list[Any], int, tuple[Any, ...]], int] | None
-canonical_line: Callable[[bytes, frozenset[str]], tuple[dict[str, Any], bytes, str] | None] | None
-_columns: Callable[[list[dict[str, Any]], tuple[str, ...]], list[list[Any]]] | None
-try:
-    from idem_platform.coercion._native import canonical_line
-    from idem_platform.coercion._native import coerce_lines as _coerce_lines
-    from idem_platform.coercion._native import columns as _columns
-except ImportError:  # no compiler at install time: the Python path alone
-    canonical_line = _coerce_lines = _columns = None
+_CoerceLines = Callable[[list[Any], int, tuple[Any, ...]], int]
+_CanonicalLine = Callable[[bytes, frozenset[str]], tuple[dict[str, Any], bytes, str] | None]
+_Columns = Callable[[list[dict[str, Any]], tuple[str, ...]], list[list[Any]]]
+
+
+def _load() -> tuple[_CoerceLines | None, _CanonicalLine | None, _Columns | None]:
+    """The extension's entry points, or ``None`` each when it is not built.
+
+    A function rather than a module-level ``try`` so each name has one type
+    (``_native.pyi`` types the extension), built or not.
+    """
+    try:
+        from idem_platform.coercion import _native
+    except ImportError:  # no compiler at install time: the Python path alone
+        return None, None, None
+    return _native.coerce_lines, _native.canonical_line, _native.columns
+
+
+_coerce_lines, canonical_line, _columns = _load()
 
 AVAILABLE = _coerce_lines is not None
 

@@ -358,7 +358,7 @@ def direct_supported(spec: RecordSpec) -> bool:
 
 
 def _direct_plan(
-    spec: RecordSpec, tables: dict[str, _TableRows], direct: DirectRows, units: np.ndarray, offsets: np.ndarray, ignored: set[str]
+    spec: RecordSpec, tables: dict[str, _TableRows], direct: DirectRows, units: np.ndarray, offsets: np.ndarray, ignored: frozenset[str]
 ) -> tuple[Any, ...]:
     """What ``_native.coerce_lines`` needs to write direct rows for this batch."""
     routes = {}
@@ -479,10 +479,10 @@ def _coerce_batch(
             if repeats is not None:
                 known = seen_lines.get(raw)
                 if known is not None:
-                    if type(known) is int:
+                    if isinstance(known, int):
                         repeated_in_batch.append((i, known))  # first seen in this batch
                     else:
-                        repeats.count(known)  # type: ignore[arg-type]
+                        repeats.count(known)  # the record type of a line committed earlier
                     continue
         try:
             if blank:
@@ -523,8 +523,10 @@ def _coerce_batch(
             if fixed_type is not None:
                 record_type = fixed_type
             else:
-                record_type = record.get(type_field)  # type: ignore[arg-type]
-                if type(record_type) is not str or record_type not in tables:
+                routed = record.get(type_field)
+                if type(routed) is str and routed in tables:
+                    record_type = routed
+                else:
                     record_type = _route(record, type_field, tables)  # raises the precise reject
             digest = sha1(canonical).hexdigest()
             ext_id = record.get(id_field)
@@ -555,10 +557,10 @@ def _coerce_batch(
         if repeats is not None:
             known = seen_keys.get(key)
             if known is not None:
-                if type(known) is int:
+                if isinstance(known, int):
                     repeated_in_batch.append((i, known))
                 else:
-                    repeats.count(known)  # type: ignore[arg-type]
+                    repeats.count(known)
                 continue
             seen_keys[key] = row
             if positional_ids and record.get(id_field) in (None, ""):
@@ -608,7 +610,9 @@ def _coerce_batch(
     if repeats is not None:
         for i, first in repeated_in_batch:
             if out_errors[first] is None:
-                repeats.count(out_type[first])  # type: ignore[arg-type]
+                first_type = out_type[first]
+                assert first_type is not None  # a row without errors was routed to its table
+                repeats.count(first_type)
                 continue
             out_input.append(i)  # a repeat of a reject is a reject, with the same reasons
             for column in (out_type, out_key, out_ext, out_hash, out_payload, out_extra, out_props):
@@ -726,12 +730,12 @@ def _without_file_bom(raws: list[bytes | None], offsets: np.ndarray, lengths: np
     text, so line 1 gets the outcome the same line gets anywhere else.
     """
     firsts = np.flatnonzero(offsets == 1).tolist() if len(offsets) else []
-    opened = [i for i in firsts if (raw := raws[i]) is not None and raw.startswith(UTF8_BOM)]
+    opened = [(i, raw) for i in firsts if (raw := raws[i]) is not None and raw.startswith(UTF8_BOM)]
     if not opened:
         return lengths
     lengths = lengths.copy()
-    for i in opened:
-        raws[i] = raws[i][len(UTF8_BOM) :]  # type: ignore[index]
+    for i, raw in opened:
+        raws[i] = raw[len(UTF8_BOM) :]
         lengths[i] -= len(UTF8_BOM)
     return lengths
 

@@ -179,7 +179,7 @@ def _insert_rows(
             "(SELECT jsonb_object_agg(k, coalesce(s._upgraded, s._payload) -> k) FROM jsonb_object_keys(s._extra) k "
             "WHERE k = ANY(%(overcap)s)) ELSE s._props END"
         )
-    select = [
+    select: list[sql.Composable] = [
         # A record older than its table keeps its own version (_version) and its payload as
         # received; its typed values are those of the record upgraded by the migrations.
         sql.SQL("s._idempotency_key, %(connector)s, %(record_type)s, s._external_id, s._content_hash, "
@@ -522,8 +522,8 @@ class Promotion:
                     f"SELECT 1 FROM {SCHEMA}.catalog WHERE record_type = ANY(%s) ORDER BY record_type FOR UPDATE",
                     [evolving],
                 )
-        for record_type, (stages, keys) in work.items():
-            evolution = self._evolve(record_type, keys) if keys else _Evolution()
+        for record_type, (stages, extra_keys) in work.items():
+            evolution = self._evolve(record_type, extra_keys) if extra_keys else _Evolution()
             for stage, message in stages:
                 self._insert(record_type, stage, message, evolution)
         for record_type in sorted(self.filled):

@@ -24,7 +24,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pgpq
@@ -109,7 +109,7 @@ def create_staging(conn: psycopg.Connection, plan: CommitPlan) -> None:
         _create(conn, plan.rejects_table, columns, plan)
 
 
-def _create(conn: psycopg.Connection, name: str, columns: list[sql.Composable], plan: CommitPlan) -> None:
+def _create(conn: psycopg.Connection, name: str, columns: Sequence[sql.Composable], plan: CommitPlan) -> None:
     conn.execute(
         sql.SQL("CREATE UNLOGGED TABLE {} ({}) {}").format(
             staged_ident(name), sql.SQL(", ").join(columns), sql.SQL(NO_AUTOVACUUM)

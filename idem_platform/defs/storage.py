@@ -62,7 +62,7 @@ class PooledPostgresEventLogStorage(PostgresEventLogStorage):
         os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", EVENT_BATCH_SIZE)
 
     @classmethod
-    def from_config_value(  # type: ignore[override]
+    def from_config_value(
         cls, inst_data: Any, config_value: Mapping[str, Any]
     ) -> PooledPostgresEventLogStorage:
         return cls(inst_data=inst_data, **_settings(config_value))
@@ -76,7 +76,7 @@ class PooledPostgresRunStorage(PostgresRunStorage):
         self.optimize_for_webserver(**POOL)
 
     @classmethod
-    def from_config_value(  # type: ignore[override]
+    def from_config_value(
         cls, inst_data: Any, config_value: Mapping[str, Any]
     ) -> PooledPostgresRunStorage:
         return cls(inst_data=inst_data, **_settings(config_value))

@@ -32,7 +32,12 @@ class _OwnMessages(logging.Handler):
         sys.stderr.write(f"{step}: {message}\n" if step else f"{message}\n")
 
 
-@dg.logger(description="Only the job's own messages (progress, counts), one line each; no framework events.")
+# config_schema=None is the default, spelled out: dagster's typed overloads of @logger
+# take config_schema without a default.
+@dg.logger(
+    config_schema=None,
+    description="Only the job's own messages (progress, counts), one line each; no framework events.",
+)
 def terminal_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
     logger = logging.getLogger("idem.terminal")
     logger.setLevel(logging.INFO)

@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 POSTGRES_URL_ENV = "IDEM_POSTGRES_URL"
 HOME_ENV = "IDEM_HOME"
@@ -51,4 +51,7 @@ def connect(url: str, *, autocommit: bool = False, application_name: str = "idem
     and TCP keepalives (ignored by libpq on Unix sockets)."""
     given = conninfo_to_dict(url)
     extra = {k: v for k, v in KEEPALIVES.items() if k not in given}
-    return psycopg.connect(url, autocommit=autocommit, application_name=application_name, **extra)
+    # Merged into the conninfo first (what psycopg.connect does with extra keywords anyway):
+    # connect's named keywords (row_factory, context...) are not strings.
+    conninfo = make_conninfo(url, **extra)
+    return psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)

@@ -22,11 +22,15 @@ import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from idem_platform.errors import EmbeddedPostgresError
 from idem_platform.postgres.connection import idem_home
+
+if TYPE_CHECKING:
+    from pgserver import PostgresServer
 
 _log = logging.getLogger(__name__)
 
@@ -113,10 +117,17 @@ def alone(url: str) -> bool:
     return row is not None and row[0] == 0
 
 
-def _restart(server: object) -> None:
+def _pg_ctl(args: list[str], server: PostgresServer) -> None:
+    """Run ``pg_ctl`` through pgserver's own wrapper (exported at its top level), which runs
+    it as the server's user."""
+    # pgserver makes one wrapper per binary at import (setattr on its _commands module, then
+    # a star import): its package declares no pg_ctl, so it is reached on the module object.
+    _pgserver().pg_ctl(args, pgdata=server.pgdata, user=server.system_user)
+
+
+def _restart(server: PostgresServer) -> None:
     _log.info("restarting the embedded PostgreSQL to apply %s", ", ".join(RESTART_SETTINGS))
-    # pgserver's own pg_ctl wrapper (exported at its top level): runs as the server's user.
-    _pgserver().pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user)  # type: ignore[attr-defined]
+    _pg_ctl(["-w", "-m", "fast", "restart"], server)
 
 
 def stop_embedded(home: Path | None = None) -> bool:
@@ -125,7 +136,6 @@ def stop_embedded(home: Path | None = None) -> bool:
     pid_file = directory / "postmaster.pid"
     if not pid_file.exists():
         return False
-    pgserver = _pgserver()
-    server = pgserver.get_server(directory, cleanup_mode=None)
-    pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+    server = _pgserver().get_server(directory, cleanup_mode=None)
+    _pg_ctl(["-w", "-m", "fast", "stop"], server)
     return True

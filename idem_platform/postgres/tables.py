@@ -41,10 +41,12 @@ def tables_with_rows(conn: psycopg.Connection, record_types: list[str]) -> froze
     held = set()
     for record_type in record_types:
         name = table_ident(record_type).as_string(conn)  # quoted: a record type may hold "-" or quotes
-        if conn.execute("SELECT to_regclass(%s)", [name]).fetchone()[0] is None:  # type: ignore[index]
+        regclass = conn.execute("SELECT to_regclass(%s)", [name]).fetchone()  # one row, always
+        if regclass is None or regclass[0] is None:
             continue
         query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(table_ident(record_type))
-        if conn.execute(query).fetchone()[0]:  # type: ignore[index]
+        exists = conn.execute(query).fetchone()  # one row, always
+        if exists is not None and exists[0]:
             held.add(record_type)
     return frozenset(held)
 
@@ -66,7 +68,9 @@ def existing_columns(conn: psycopg.Connection, record_type: str) -> dict[str, st
 
 
 def _create(conn: psycopg.Connection, spec: TableSpec) -> None:
-    parts = [sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(ddl)) for n, ddl in SYSTEM_COLUMNS]
+    parts: list[sql.Composable] = [
+        sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(ddl)) for n, ddl in SYSTEM_COLUMNS
+    ]
     parts += [
         sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type.postgres)) for c in spec.columns
     ]

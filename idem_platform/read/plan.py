@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import psycopg
 import pyarrow as pa
 from psycopg import sql
 
@@ -315,12 +316,12 @@ def _migrations(config: IdemConfig) -> MigrationSource:
     )
 
 
-def _counts(conn: object, plan: ReadPlan) -> dict[int, int]:
+def _counts(conn: psycopg.Connection, plan: ReadPlan) -> dict[int, int]:
     """Rows per stored ``_schema_version``, of the rows the plan reads (one statement)."""
     inner = sql.SQL("SELECT _schema_version FROM {}{}{}").format(
         table_ident(plan.record_type), plan.where(), plan.tail(sort=False)
     )
-    rows = conn.execute(  # type: ignore[attr-defined]
+    rows = conn.execute(
         sql.SQL("SELECT _schema_version, count(*) FROM ({}) s GROUP BY 1 ORDER BY 1").format(inner)
     ).fetchall()
     return {int(version): int(count) for version, count in rows}
@@ -335,14 +336,14 @@ def partition_count(rows: int, parallelism: int, per_partition: int = ROWS_PER_P
     return min(wanted, MAX_PARTITIONS)
 
 
-def _bounds(conn: object, plan: ReadPlan, rows: int, parallelism: int) -> tuple[tuple[str, ...], ...]:
+def _bounds(conn: psycopg.Connection, plan: ReadPlan, rows: int, parallelism: int) -> tuple[tuple[str, ...], ...]:
     """Bounds splitting the rows a plan reads into about :func:`partition_count` ranges."""
     count = partition_count(rows, parallelism, ORDERED_ROWS_PER_PARTITION if plan.ordered else ROWS_PER_PARTITION)
     if count <= 1:
         return ()
     # Pages are sampled, then the read's own filter (a commit) applies: aim at the rows read,
     # but never sample more than MAX_SAMPLED_ROWS of the whole table (one commit of a big one).
-    stored = conn.execute(  # type: ignore[attr-defined]
+    stored = conn.execute(
         "SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relname = %s",
         [SCHEMA, plan.record_type],
@@ -352,7 +353,7 @@ def _bounds(conn: object, plan: ReadPlan, rows: int, parallelism: int) -> tuple[
     columns = sql.SQL(", ").join(sql.Identifier(c) for c in plan.range_columns)
     sample = [
         tuple(v.isoformat() if hasattr(v, "isoformat") else v for v in row)
-        for row in conn.execute(  # type: ignore[attr-defined]
+        for row in conn.execute(
             sql.SQL("SELECT {} FROM {} TABLESAMPLE SYSTEM ({}){} ORDER BY {}").format(
                 columns, table_ident(plan.record_type), sql.Literal(percent), plan.where(), columns
             )

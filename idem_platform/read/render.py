@@ -73,11 +73,11 @@ def render_batch(batch: pa.RecordBatch, plan: ReadPlan) -> pa.RecordBatch:
     errors = batch.column(ERROR_COLUMN)
     failed = errors.null_count < len(errors)
     lines: list[str | None] = []
-    for row, values in enumerate(zip(*columns, strict=True)):
+    for row, row_values in enumerate(zip(*columns, strict=True)):
         if failed and errors[row].is_valid:
             lines.append(None)
             continue
-        lines.append(orjson.dumps(dict(zip(shown, values, strict=True))).decode("utf-8"))
+        lines.append(orjson.dumps(dict(zip(shown, row_values, strict=True))).decode("utf-8"))
     return pa.RecordBatch.from_arrays(
         [pa.array(lines, pa.string()), errors, batch.column("_ingested_at"), batch.column("_idempotency_key")],
         names=["line", "error", "_ingested_at", "_idempotency_key"],

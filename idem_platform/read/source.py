@@ -40,7 +40,9 @@ def spark_schema(plan: ReadPlan, *, render: bool = False) -> StructType:
     if render:
         from idem_platform.read.render import RENDERED_DDL
 
-        return StructType.fromDDL(RENDERED_DDL)
+        rendered = StructType.fromDDL(RENDERED_DDL)
+        assert isinstance(rendered, StructType)  # a list of columns parses to a struct (typed DataType)
+        return rendered
     return from_arrow_schema(plan.arrow_schema())
 
 
@@ -64,7 +66,7 @@ class TableReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         return [KeyRange(i) for i in self.plan.indexes()] or [InputPartition(0)]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, KeyRange):
             return iter(())  # the table does not exist yet: no rows
         return self._read(partition.index)

@@ -164,8 +164,11 @@ class _Upgrade:
                 def failed(at: int, error: MigrationFailed, positions: list[int] = positions) -> None:
                     self._fail(positions[at], error)
 
+                def key_at(at: int, positions: list[int] = positions) -> str:
+                    return key_of(positions[at])
+
                 try:
-                    self.chains.upgrade_many(record_type, group, int(version), lambda at, p=positions: key_of(p[at]), failed)
+                    self.chains.upgrade_many(record_type, group, int(version), key_at, failed)
                 except MigrationFailed as exc:
                     if self.mode == RAISE or exc.key is not None:
                         raise

@@ -18,7 +18,9 @@ import shutil
 import subprocess
 import sys
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from idem_platform.postgres.connection import idem_home
 
@@ -78,7 +80,7 @@ def build(archive: Path) -> Path:
         .getOrCreate()
     )
 
-    def body(batches):  # type: ignore[no-untyped-def]
+    def body(batches: Iterator[Any]) -> Iterator[Any]:  # Arrow record batches, passed through
         yield from batches
 
     spark.range(0, 2, 1, numPartitions=2).mapInArrow(body, "id long").toArrow()

@@ -46,7 +46,7 @@ class SourceRecordsReader(DataSourceReader):
         # Spark needs at least one partition; an empty batch reads nothing.
         return [SlicePartition(i) for i in range(len(self.batch.slices))] or [InputPartition(0)]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SlicePartition):
             return iter(())
         piece = self.batch.slices[partition.index]

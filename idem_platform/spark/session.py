@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from pyspark.sql import SparkSession
 
@@ -211,7 +211,7 @@ def touch_workers(spark: SparkSession) -> None:
         spark.range(0, slots, 1, slots).mapInArrow(touch_batches, "id long").collect()
         return
 
-    def touch(indexes: Iterator[int]) -> Iterator[int]:
+    def touch(indexes: Iterable[int]) -> Iterator[int]:
         import idem_platform.spark.stage  # noqa: F401 - the import is the warm-up
 
         yield from indexes

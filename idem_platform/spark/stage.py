@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def stage_slice(indexes: Iterator[int], url: str, plan: CommitPlan) -> Iterator[tuple[StagedAttempt, float, int]]:
+def stage_slice(indexes: Iterable[int], url: str, plan: CommitPlan) -> Iterator[tuple[StagedAttempt, float, int]]:
     """Task body: stage this task's slice under a fresh attempt id; yield its one message.
 
     The message is ``(what was staged, seconds, Spark's attempt number)``.
@@ -153,7 +153,7 @@ class StagingJobs:
         context.setJobGroup(self.group, f"idem: stage slice {index} of commit {self.plan.commit_id}", True)
         url, plan = self.url, self.plan
 
-        def body(indexes: Iterator[int]) -> Iterator[tuple[StagedAttempt, float, int]]:
+        def body(indexes: Iterable[int]) -> Iterator[tuple[StagedAttempt, float, int]]:
             return stage_slice(indexes, url, plan)
 
         # A plain RDD job: no Catalyst plan or codegen per slice, and collect()

@@ -77,7 +77,8 @@ def split_size_for(size: int, max_split_bytes: int) -> int:
     return max(MIN_SPLIT_BYTES, min(max_split_bytes, PIECE_BYTES, max(size, 1)))
 
 
-_recent: OrderedDict[tuple[str, int, int, int], DroppedFile] = OrderedDict()
+# (resolved path, size, mtime_ns, ctime_ns, inode, max_split_bytes) -> what hashing it gave
+_recent: OrderedDict[tuple[str, int, int, int, int, int], DroppedFile] = OrderedDict()
 _RECENT_LIMIT = 64
 
 

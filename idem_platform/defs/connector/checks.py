@@ -164,7 +164,7 @@ def _build_checks(
         if summary is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no materialization with a summary"})
         if summary.get("replayed"):
-            return dg.AssetCheckResult(passed=True, metadata={"replay_of": dg.MetadataValue.json(summary.get("prior"))})
+            return dg.AssetCheckResult(passed=True, metadata={"replay_of": dg.MetadataValue.json(summary.get("prior") or {})})
         problems = []
         found: dict[str, int] = {}
         with postgres.connection() as conn:

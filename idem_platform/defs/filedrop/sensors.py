@@ -254,7 +254,9 @@ def _copies_of_committed(directory: Path, decisions: list[Decision], entries: di
         if decision.reason != "committed":
             continue
         entry = entries.get(file_key_from_digest(decision.sha256))
-        committed = [f.get("file") for f in ((entry.result or {}).get("files") or []) if entry is not None]
+        if entry is None:  # "committed" came from this row; without it there is nothing to name
+            continue
+        committed = [f.get("file") for f in ((entry.result or {}).get("files") or [])]
         path = str((directory / decision.relative).resolve())
         if committed and path not in committed:
             names = []

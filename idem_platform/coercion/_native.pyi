@@ -1,0 +1,13 @@
+"""Types of the optional C extension built from ``_native.c`` (see ``native.py``).
+
+The signatures mirror the docstrings of ``_native.c``'s entry points, so that mypy
+checks ``native.py``'s callers the same whether or not the extension is built.
+"""
+
+from typing import Any
+
+def canonical_line(
+    line: bytes, shallow: frozenset[str], /
+) -> tuple[dict[str, Any], bytes, str] | None: ...
+def coerce_lines(raws: list[Any], start: int, plan: tuple[Any, ...], /) -> int: ...
+def columns(records: list[dict[str, Any]], names: tuple[str, ...], /) -> list[list[Any]]: ...
