@@ -56,7 +56,7 @@ from psycopg import sql  # noqa: E402
 
 from benchmarks.harness import environment, fresh_database  # noqa: E402
 from idem_platform.config import load_config  # noqa: E402
-from idem_platform.push.server import LOOPBACK, free_port  # noqa: E402
+from idem_platform.sources.push.server import LOOPBACK, free_port  # noqa: E402
 from idem_platform_tests.push_load import LoadResult, body_for, run_load  # noqa: E402
 
 DATABASE = "idem_push_bench"

@@ -68,7 +68,7 @@ from benchmarks.harness import (  # noqa: E402
 )
 from benchmarks.small_bench import drop_database  # noqa: E402
 from idem_platform.config import ConnectorConfig  # noqa: E402
-from idem_platform.keys import file_key_from_digest  # noqa: E402
+from idem_platform.contract.keys import file_key_from_digest  # noqa: E402
 from idem_platform.samples import threatfeed_lines  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -106,7 +106,7 @@ def ingest_connector(
         CommandError: bad arguments, or the run failed (the message is the underlying error).
         IdemError: the source cannot be planned (brokers unreachable, offsets behind retention).
     """
-    from idem_platform.pipeline import check_cluster_reach, plan_batch
+    from idem_platform.pipeline.ingest import check_cluster_reach, plan_batch
     from idem_platform.spark.session import spark_config_for, warm_up
 
     connector = config.connector(connector_name)
@@ -161,7 +161,7 @@ def hashing_in_background(paths: list[str]) -> Iterator[None]:
     387 MB) overlaps the body's imports instead of following them. A file that fails
     here is hashed again by the plan, which reports the error.
     """
-    from idem_platform.connectors.filedrop import hash_file
+    from idem_platform.sources.filedrop import hash_file
 
     def run() -> None:
         for path in paths:
@@ -241,14 +241,14 @@ def server_conf(config: IdemConfig) -> dict[str, str]:
 def checked_file(connector: Any, name: str) -> str:
     """``name`` resolved, if ``idem ingest`` may read it; else a one-line error.
 
-    The sensor's rules, in the sensor's words (:mod:`idem_platform.connectors.filedrop.scan`):
+    The sensor's rules, in the sensor's words (:mod:`idem_platform.sources.filedrop.scan`):
     a name inside the drop directory must lead to a regular file inside it; a file named
     elsewhere must be a regular file. Only ``stat`` is used: opening a FIFO would block.
 
     Raises:
         CommandError: ``<path>: a FIFO, not a regular file: refused``, ``no such file: <path>``...
     """
-    from idem_platform.connectors.filedrop.scan import named_file_refusal, refused_text
+    from idem_platform.sources.filedrop.scan import named_file_refusal, refused_text
 
     path = Path(os.path.abspath(name))
     try:
@@ -414,7 +414,7 @@ def demo_push(config: IdemConfig, connector: Any, lines: list[str]) -> dict[str,
     """
     import urllib.request
 
-    from idem_platform.push.server import serve_in_background, settings_from_environment
+    from idem_platform.sources.push.server import serve_in_background, settings_from_environment
 
     body = "".join(line + "\n" for line in lines).encode()
     key = f"demo-push-{time.strftime('%Y-%m-%d')}"
@@ -447,7 +447,7 @@ def cmd_read(args: argparse.Namespace) -> dict[str, Any] | None:
     ``schema_version`` are upgraded through the migrations on the way (the read path the IO
     manager uses). Last on stderr, one JSON line: the rows printed, and, when some rows were
     stored at an older version or skipped, the rows per stored version."""
-    from idem_platform.pipeline import check_cluster_reach
+    from idem_platform.pipeline.ingest import check_cluster_reach
     from idem_platform.read.table import read_lines, read_table, rows_summary
     from idem_platform.spark.session import build_session, spark_config_for
 
@@ -489,7 +489,7 @@ def list_rejects(
     commit = commit_id_argument(commit)
     if limit < 1:
         raise CommandError(f"--limit must be at least 1 (got {limit})")
-    from idem_platform.rejects import list_rejects as read_rejects
+    from idem_platform.sources.rejects.listing import list_rejects as read_rejects
 
     with connect(url) as conn:
         return read_rejects(conn, connector=connector, commit_id=commit, limit=limit)
@@ -595,9 +595,9 @@ def retry_connector(config: IdemConfig, connector_name: str, *, commit: str | No
 def cmd_ledger_purge(args: argparse.Namespace) -> dict[str, Any]:
     from datetime import timedelta
 
-    from idem_platform.commit.staging import drop_stale_staging
     from idem_platform.ledger import purge_expired
     from idem_platform.postgres import connect, ensure_schema
+    from idem_platform.write.staging import drop_stale_staging
 
     url = prepare_environment()
     with connect(url, autocommit=True) as conn:
@@ -615,7 +615,7 @@ def _progress_line(line: str) -> None:
 
 def cmd_promote(args: argparse.Namespace) -> dict[str, Any] | None:
     """``idem promote TYPE COLUMN --to KIND``: a typed companion for an evolved text column, then the backfill."""
-    from idem_platform.postgres.promotion import human_report, promote_column
+    from idem_platform.postgres.retype import human_report, promote_column
 
     config = load_config(args.config)
     if args.record_type not in config.tables:
@@ -649,7 +649,7 @@ def cmd_migrate(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.dry_run:
         report = plan_migration(url, config, types)
     else:
-        from idem_platform.pipeline import check_cluster_reach
+        from idem_platform.pipeline.ingest import check_cluster_reach
         from idem_platform.spark.session import build_session, spark_config_for
 
         check_cluster_reach(config.spark_master(), url)
@@ -673,11 +673,11 @@ def offsets_report(config: IdemConfig, url: str, connector_name: str | None = No
     A connector whose brokers cannot be reached still lists its committed
     offsets, with ``error`` saying why the rest is missing.
     """
-    from idem_platform.connectors.kafka.client import describe_partitions
-    from idem_platform.connectors.kafka.lag import partition_lags
-    from idem_platform.connectors.kafka.offsets import offset_rows
     from idem_platform.errors import KafkaError
     from idem_platform.postgres import connect
+    from idem_platform.sources.kafka.client import describe_partitions
+    from idem_platform.sources.kafka.lag import partition_lags
+    from idem_platform.sources.kafka.offsets import offset_rows
 
     if connector_name is not None:
         connectors = [config.connector(connector_name)]
@@ -733,7 +733,7 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any] | None:
             "path its bodies land in)"
         )
     url = prepare_environment()
-    from idem_platform.push.server import serve, settings_from_environment
+    from idem_platform.sources.push.server import serve, settings_from_environment
 
     settings = settings_from_environment(config, url)
     if args.max_body_bytes is not None:
@@ -998,7 +998,7 @@ def human_summary(summary: dict[str, Any]) -> str:
             )
         return shown
     if summary.get("retry") is not None:  # idem rejects retry
-        from idem_platform.rejects_retry import human_retry_summary
+        from idem_platform.pipeline.retry import human_retry_summary
 
         return human_retry_summary(summary)
     seconds = float(summary.get("seconds") or 0)

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from idem_platform.catalog import (
+from idem_platform.contract.catalog import (
     MAX_IDENTIFIER_BYTES,
     POSTGRES_SYSTEM_COLUMNS,
     RESERVED_TABLE_NAMES,
@@ -36,8 +36,8 @@ from idem_platform.catalog import (
     TableSpec,
     is_safe_column_name,
 )
+from idem_platform.contract.keys import NAME_PATTERN
 from idem_platform.errors import ConfigError
-from idem_platform.keys import NAME_PATTERN
 from idem_platform.migrations import Chains, MigrationChainError, MigrationSource
 from idem_platform.redact import remember_settings
 
@@ -393,7 +393,7 @@ class IdemConfig(_Model):
         otlp = [c for c in data["connectors"] if isinstance(c, dict) and c.get("kind") == "otlp"]
         if not otlp:
             return data
-        from idem_platform.push.otlp import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
+        from idem_platform.sources.push.otlp import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
 
         tables = dict(data.get("tables") or {})
         connectors, implicit = [], []

@@ -68,8 +68,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from pydantic import BaseModel, ValidationError
 
-from idem_platform.errors import IdemError, KeyValidationError, TerminalError, TransientError
-from idem_platform.keys import (
+from idem_platform.contract.keys import (
     MAX_KEY_LENGTH,
     content_hash,
     minted_key,
@@ -77,6 +76,7 @@ from idem_platform.keys import (
     record_key,
     record_key_of,
 )
+from idem_platform.errors import IdemError, KeyValidationError, TerminalError, TransientError
 from idem_platform.ledger import (
     DEFAULT_REPLAY_WINDOW,
     NAMESPACE_PATTERN,

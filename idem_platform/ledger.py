@@ -21,7 +21,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from idem_platform.canonical import canonical_bytes
+from idem_platform.contract.canonical import canonical_bytes
 from idem_platform.postgres.schema import SCHEMA
 
 DEFAULT_REPLAY_WINDOW = timedelta(hours=24)

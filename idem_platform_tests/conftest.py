@@ -136,7 +136,7 @@ def spark():  # type: ignore[no-untyped-def]
 
 def lines_batch(lines: list[bytes], first_line: int = 1, file_index: int = 0) -> pa.RecordBatch:
     """An ``ingest``-frame batch (``RECORDS_SCHEMA``) of a file's ``lines``, numbered from ``first_line``."""
-    from idem_platform.connectors.batch import RECORDS_SCHEMA
+    from idem_platform.write.batch import RECORDS_SCHEMA
 
     return pa.RecordBatch.from_arrays(
         [
@@ -275,7 +275,7 @@ def kafka_config(directory: Path, bootstrap: str, topics: list[str], extra: str 
     """An idem.yaml with one Kafka connector ``events`` routing threat-feed records; tables synced."""
     config = write_config(directory, KAFKA_CONFIG.format(bootstrap=bootstrap, topics=", ".join(topics), extra=extra))
     if pg_url is not None:
-        from idem_platform.pipeline import prepare_tables
+        from idem_platform.pipeline.ingest import prepare_tables
 
         prepare_tables(pg_url, config, config.connector("events"))
     return config

@@ -7,14 +7,14 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from idem_platform.catalog import TableSpec
 from idem_platform.coercion.records import RecordSpec
-from idem_platform.commit.plan import CommitPlan
-from idem_platform.commit.staging import create_staging
-from idem_platform.connectors.filedrop import DroppedFile, FileSlice, batch_of_files
+from idem_platform.contract.catalog import TableSpec
 from idem_platform.ledger import Ledger
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import tables_with_rows
+from idem_platform.sources.filedrop import DroppedFile, FileSlice, batch_of_files
+from idem_platform.write.plan import CommitPlan
+from idem_platform.write.staging import create_staging
 
 
 def claimed_plan(pg_url: str, tables: dict[str, TableSpec], file: DroppedFile, *, probe: bool = False) -> CommitPlan:

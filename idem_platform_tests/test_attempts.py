@@ -11,9 +11,15 @@ import pyarrow as pa
 import pytest
 
 from idem_platform.coercion.records import RecordSpec, coerce_batch
-from idem_platform.commit.plan import CommitPlan
-from idem_platform.commit.promote import ClaimLost, StagedAttempt, promote
-from idem_platform.commit.staging import (
+from idem_platform.config import IdemConfig
+from idem_platform.errors import TransientError
+from idem_platform.ledger import Ledger
+from idem_platform.postgres import connect
+from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform.sources.filedrop import Split, hash_file
+from idem_platform.write.apply import ClaimLost, StagedAttempt, promote
+from idem_platform.write.plan import CommitPlan
+from idem_platform.write.staging import (
     STAGED_SYSTEM,
     StagingWriter,
     attempt_table,
@@ -21,12 +27,6 @@ from idem_platform.commit.staging import (
     new_attempt_id,
     staged_rows,
 )
-from idem_platform.config import IdemConfig
-from idem_platform.connectors.filedrop import Split, hash_file
-from idem_platform.errors import TransientError
-from idem_platform.ledger import Ledger
-from idem_platform.postgres import connect
-from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform_tests.conftest import lines_batch
 from idem_platform_tests.staging_fixture import claimed_plan
 

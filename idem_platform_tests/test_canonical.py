@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from idem_platform.canonical import (
+from idem_platform.contract.canonical import (
     InvalidJSON,
     canonical_bytes,
     canonical_value_bytes,

@@ -257,7 +257,7 @@ def test_ingest_refuses_what_is_not_a_regular_file_in_one_line(
 def test_ingest_refuses_a_symlink_out_of_the_drop_directory_in_the_sensors_words(
     env: IdemConfig, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from idem_platform.connectors.filedrop.scan import refusal
+    from idem_platform.sources.filedrop.scan import refusal
 
     directory = env.connector("threatfeed").path
     assert directory is not None

@@ -17,13 +17,13 @@ import yaml
 
 from idem_platform.coercion.records import coerce_batch
 from idem_platform.config import IdemConfig
-from idem_platform.connectors.batch import Unit
-from idem_platform.connectors.filedrop.files import hash_file
-from idem_platform.connectors.kafka.offsets import committed_offsets
-from idem_platform.pipeline import record_spec
+from idem_platform.pipeline.ingest import record_spec
 from idem_platform.postgres import connect
 from idem_platform.postgres.connection import is_unix_socket_url
 from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform.sources.filedrop.files import hash_file
+from idem_platform.sources.kafka.offsets import committed_offsets
+from idem_platform.write.batch import Unit
 from idem_platform_tests.conftest import (
     example_text,
     kafka_config,

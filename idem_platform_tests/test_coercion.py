@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from idem_platform.catalog import Column, ColumnType, TableSpec
 from idem_platform.coercion.converters import FieldError, converter_for
 from idem_platform.coercion.records import RecordSpec, coerce_batch
 from idem_platform.coercion.timestamps import parse_rfc3339_ns
+from idem_platform.contract.catalog import Column, ColumnType, TableSpec
 from idem_platform_tests.conftest import lines_batch
 
 

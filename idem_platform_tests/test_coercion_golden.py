@@ -39,10 +39,10 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from idem_platform import pipeline
-from idem_platform.catalog import SCALAR_KINDS, Column, ColumnType, TableSpec
 from idem_platform.coercion.records import RecordSpec, coerce_batch
-from idem_platform.commit import run
+from idem_platform.contract.catalog import SCALAR_KINDS, Column, ColumnType, TableSpec
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines

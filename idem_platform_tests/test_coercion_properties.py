@@ -28,10 +28,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idem_platform.catalog import SCALAR_KINDS, Column, ColumnType, TableSpec, is_safe_column_name
 from idem_platform.coercion import records
 from idem_platform.coercion.converters import FieldError, converter_for
 from idem_platform.coercion.records import RecordSpec, coerce_batch
+from idem_platform.contract.catalog import (
+    SCALAR_KINDS,
+    Column,
+    ColumnType,
+    TableSpec,
+    is_safe_column_name,
+)
 from idem_platform_tests.conftest import lines_batch
 from idem_platform_tests.test_fuzz import FUZZ, NUMBERS, rfc3339
 

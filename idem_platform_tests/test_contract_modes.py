@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import yaml
 
-from idem_platform.catalog import Column, ColumnType, TableSpec
 from idem_platform.coercion.records import (
     MAX_UNKNOWN_REASONS,
     RecordSpec,
@@ -19,8 +18,9 @@ from idem_platform.coercion.records import (
     coerce_batch,
 )
 from idem_platform.config import IdemConfig, parse_config
+from idem_platform.contract.catalog import Column, ColumnType, TableSpec
 from idem_platform.errors import ConfigError
-from idem_platform.pipeline import record_spec
+from idem_platform.pipeline.ingest import record_spec
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines

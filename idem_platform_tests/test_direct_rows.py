@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from idem_platform.catalog import Column, ColumnType, TableSpec
 from idem_platform.coercion import native
 from idem_platform.coercion.records import (
     DirectRows,
@@ -24,11 +23,12 @@ from idem_platform.coercion.records import (
     coerce_batch,
     direct_supported,
 )
-from idem_platform.commit.plan import CommitPlan
-from idem_platform.commit.staging import StagingWriter, attempt_table, new_attempt_id, staged_ident
-from idem_platform.connectors.filedrop import hash_file
+from idem_platform.contract.catalog import Column, ColumnType, TableSpec
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
+from idem_platform.sources.filedrop import hash_file
+from idem_platform.write.plan import CommitPlan
+from idem_platform.write.staging import StagingWriter, attempt_table, new_attempt_id, staged_ident
 from idem_platform_tests.conftest import lines_batch
 from idem_platform_tests.staging_fixture import claimed_plan
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from idem_platform import errors
-from idem_platform.commit.run import as_idem_error
+from idem_platform.pipeline.commit import as_idem_error
 
 
 @pytest.fixture(params=["rdd", "arrow"])

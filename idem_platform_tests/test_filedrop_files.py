@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from idem_platform.connectors.filedrop import files as files_module
-from idem_platform.connectors.filedrop.files import DroppedFile, Split, hash_file
-from idem_platform.connectors.filedrop.plan import MIN_SLICE_BYTES, FileSlice, pack_slices
-from idem_platform.connectors.filedrop.reader import read_split
 from idem_platform.errors import FileChangedError
+from idem_platform.sources.filedrop import files as files_module
+from idem_platform.sources.filedrop.files import DroppedFile, Split, hash_file
+from idem_platform.sources.filedrop.plan import MIN_SLICE_BYTES, FileSlice, pack_slices
+from idem_platform.sources.filedrop.reader import read_split
 
 
 def read_all(path: Path, split_bytes: int, *, max_line_bytes: int = 1 << 20, block: int = 1 << 20) -> list[tuple[int, bytes, int]]:

@@ -35,8 +35,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idem_platform.canonical import InvalidJSON, parse_and_canonicalize, repeated_key
-from idem_platform.catalog import Column, TableSpec
 from idem_platform.coercion.records import (
     LINE_MASK,
     UTF8_BOM,
@@ -45,10 +43,12 @@ from idem_platform.coercion.records import (
     coerce_batch,
 )
 from idem_platform.config import load_config
-from idem_platform.connectors.filedrop import files as files_module
-from idem_platform.connectors.filedrop.files import hash_file
-from idem_platform.connectors.filedrop.reader import HEAD_BYTES, read_split
-from idem_platform.pipeline import record_spec
+from idem_platform.contract.canonical import InvalidJSON, parse_and_canonicalize, repeated_key
+from idem_platform.contract.catalog import Column, TableSpec
+from idem_platform.pipeline.ingest import record_spec
+from idem_platform.sources.filedrop import files as files_module
+from idem_platform.sources.filedrop.files import hash_file
+from idem_platform.sources.filedrop.reader import HEAD_BYTES, read_split
 from idem_platform_tests.conftest import REPO, lines_batch
 
 settings.register_profile(

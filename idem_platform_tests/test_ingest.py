@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from idem_platform import pipeline
-from idem_platform.commit import run
 from idem_platform.config import IdemConfig
 from idem_platform.errors import FileChangedError, RejectRatioExceeded
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
 
@@ -213,7 +213,7 @@ def test_the_lazy_frames_show_exactly_what_was_committed(
 ) -> None:
     """The ``ingest`` and ``coerced`` assets' frames (read by the Python data source, coerced
     by mapInArrow) hold the same keys and rejects as the committed tables."""
-    from idem_platform.connectors.filedrop import batch_of_files, hash_file
+    from idem_platform.sources.filedrop import batch_of_files, hash_file
 
     summary = ingest(pg_url, threatfeed, spark, drop)
     connector = threatfeed.connector("threatfeed")
@@ -273,7 +273,7 @@ def test_a_lone_surrogate_is_a_reject_wherever_it_stands(pg_url: str, threatfeed
 def test_names_postgresql_keeps_for_itself_never_reach_ddl(pg_url: str, threatfeed: IdemConfig, spark: Any) -> None:
     """A field named like a PostgreSQL system column (``ALTER TABLE … ADD COLUMN xmin``
     fails) goes to ``props``; the reserved names are PostgreSQL's own list and idem's own tables."""
-    from idem_platform.catalog import POSTGRES_SYSTEM_COLUMNS, RESERVED_TABLE_NAMES
+    from idem_platform.contract.catalog import POSTGRES_SYSTEM_COLUMNS, RESERVED_TABLE_NAMES
 
     connector = threatfeed.connector("threatfeed")
     assert connector.path is not None
@@ -320,7 +320,7 @@ def test_names_postgresql_keeps_for_itself_never_reach_ddl(pg_url: str, threatfe
 def test_reserved_names_are_postgresqls_own(pg_url: str) -> None:
     """The catalog's list of PostgreSQL's system columns and its identifier limit are the
     server's own: ``pg_attribute`` (attnum < 0) and ``max_identifier_length`` (NAMEDATALEN - 1)."""
-    from idem_platform.catalog import (
+    from idem_platform.contract.catalog import (
         MAX_IDENTIFIER_BYTES,
         POSTGRES_SYSTEM_COLUMNS,
         is_safe_column_name,

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from idem_platform import pipeline
 from idem_platform.coercion.records import coerce_batch
-from idem_platform.commit import run
 from idem_platform.config import IdemConfig
-from idem_platform.connectors.kafka.offsets import committed_offsets
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines
+from idem_platform.sources.kafka.offsets import committed_offsets
 from idem_platform_tests.conftest import kafka_config, reset_database, write_config
 from idem_platform_tests.kafka_broker import Broker, create_topic, produce, spread
 
@@ -59,7 +59,7 @@ def expected_outcome(
     """The keys and the number of rejects the coercion gives these messages."""
     import pyarrow as pa
 
-    from idem_platform.connectors.batch import RECORDS_SCHEMA, Unit
+    from idem_platform.write.batch import RECORDS_SCHEMA, Unit
 
     connector = config.connector("events")
     partitions = sorted({m[0] for m in messages})
@@ -360,7 +360,7 @@ def test_nul_bytes_in_keys_headers_and_values_never_block_the_partition(
 def test_message_metadata_keeps_nul_and_non_utf8_as_base64_and_other_text_as_text() -> None:
     """Header names too: librdkafka hands them over as C strings (cut at NUL), another
     client library may not."""
-    from idem_platform.connectors.kafka.reader import message_meta
+    from idem_platform.sources.kafka.reader import message_meta
 
     meta = json.loads(message_meta(
         "t", 0, 7, SCHEMA_REGISTRY_KEY, [("a\x00b", b"v"), ("é", b"\xff"), ("n", None), ("ok", "ü".encode())], (1, 5)

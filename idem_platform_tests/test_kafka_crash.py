@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from idem_platform.commit.staging import drop_stale_staging
-from idem_platform.connectors.kafka.offsets import committed_offsets
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines
+from idem_platform.sources.kafka.offsets import committed_offsets
+from idem_platform.write.staging import drop_stale_staging
 from idem_platform_tests.conftest import (
     cli_env,
     idem_command,

@@ -10,17 +10,17 @@ import time
 import pytest
 
 from idem_platform.config import ConnectorConfig, parse_config
-from idem_platform.connectors.kafka.client import PartitionState
-from idem_platform.connectors.kafka.lag import decide, partition_lags, run_key
-from idem_platform.connectors.kafka.offsets import OffsetAdvance, OffsetRange
-from idem_platform.connectors.kafka.ranges import (
+from idem_platform.errors import TerminalError
+from idem_platform.ledger import LedgerEntry
+from idem_platform.sources.kafka.client import PartitionState
+from idem_platform.sources.kafka.lag import decide, partition_lags, run_key
+from idem_platform.sources.kafka.offsets import OffsetAdvance, OffsetRange
+from idem_platform.sources.kafka.ranges import (
     RangeRequest,
     check_requests,
     ranges_to_read,
     slices_of,
 )
-from idem_platform.errors import TerminalError
-from idem_platform.ledger import LedgerEntry
 
 BASE = """
 connectors:

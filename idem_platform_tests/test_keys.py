@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from idem_platform.canonical import parse_and_canonicalize
-from idem_platform.errors import KeyValidationError
-from idem_platform.keys import (
+from idem_platform.contract.canonical import parse_and_canonicalize
+from idem_platform.contract.keys import (
     ext_id_text,
     file_key,
     file_position,
@@ -19,6 +18,7 @@ from idem_platform.keys import (
     record_key,
     record_key_of,
 )
+from idem_platform.errors import KeyValidationError
 from idem_platform_tests.conftest import SPEC_DIR, shared_spec_dir
 
 
@@ -66,7 +66,7 @@ def test_file_key_vectors(case: dict, tmp_path: Path) -> None:
     data = bytes.fromhex(case["bytes_hex"])
     assert file_key(data) == case["key"]
     # The chunked hash of a dropped file agrees with the one-shot hash.
-    from idem_platform.connectors.filedrop.files import hash_file
+    from idem_platform.sources.filedrop.files import hash_file
 
     path = tmp_path / "drop.ndjson"
     path.write_bytes(data)

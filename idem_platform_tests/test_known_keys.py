@@ -15,15 +15,15 @@ import pyarrow as pa
 import pytest
 
 from idem_platform.coercion.records import coerce_batch
-from idem_platform.commit.plan import CommitPlan
-from idem_platform.commit.promote import StagedAttempt, promote
-from idem_platform.commit.staging import StagingWriter, new_attempt_id
 from idem_platform.config import IdemConfig
-from idem_platform.connectors.filedrop import hash_file
-from idem_platform.pipeline import current_tables
+from idem_platform.pipeline.ingest import current_tables
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform.sources.filedrop import hash_file
+from idem_platform.write.apply import StagedAttempt, promote
+from idem_platform.write.plan import CommitPlan
+from idem_platform.write.staging import StagingWriter, new_attempt_id
 from idem_platform_tests.conftest import lines_batch
 from idem_platform_tests.staging_fixture import claimed_plan
 

@@ -15,14 +15,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from idem_platform import pipeline
-from idem_platform.commit import run
-from idem_platform.commit.promote import ALTER_TRY_SECONDS, LockTimeout
 from idem_platform.config import IdemConfig
 from idem_platform.errors import TransientError
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
+from idem_platform.write.apply import ALTER_TRY_SECONDS, LockTimeout
 from idem_platform_tests.conftest import reset_database, write_config
 
 TWO_FEEDS = """
@@ -314,8 +314,8 @@ def commit_once_blocked(url: str, other: psycopg.Connection, timeout: float = 12
 def test_a_key_another_writer_commits_meanwhile_is_skipped_not_duplicated(
     pg_url: str, feeds: IdemConfig, spark: Any
 ) -> None:
-    from idem_platform.canonical import canonical_bytes
-    from idem_platform.keys import record_key_of
+    from idem_platform.contract.canonical import canonical_bytes
+    from idem_platform.contract.keys import record_key_of
 
     lines = records("c", 200)
     file = write_lines(drop_path(feeds, "feed-a", "contested.ndjson"), lines)

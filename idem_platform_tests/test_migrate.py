@@ -22,13 +22,13 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from idem_platform import pipeline
 from idem_platform.cli import main
-from idem_platform.commit import run
 from idem_platform.config import IdemConfig
 from idem_platform.migrations import MigrationFailed
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
-from idem_platform.postgres.promotion import promote_column
+from idem_platform.postgres.retype import promote_column
 from idem_platform.read import read_table
 from idem_platform.read.migrate import (
     MigrateLockTimeout,

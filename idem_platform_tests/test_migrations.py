@@ -19,12 +19,10 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from idem_platform import pipeline
-from idem_platform.catalog import Column, ColumnType, TableSpec
 from idem_platform.cli import main
 from idem_platform.coercion.records import RecordSpec, coerce_batch
-from idem_platform.commit import run
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import Column, ColumnType, TableSpec
 from idem_platform.errors import ConfigError
 from idem_platform.migrations import (
     Chains,
@@ -33,6 +31,8 @@ from idem_platform.migrations import (
     MigrationSource,
     registered,
 )
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.read import migration_errors, read_table
 from idem_platform.read.plan import partition_count, plan_read

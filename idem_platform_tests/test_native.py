@@ -28,15 +28,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idem_platform.canonical import (
+from idem_platform.coercion import native
+from idem_platform.coercion.records import RepeatedLines, _lone_surrogate, coerce_batch
+from idem_platform.contract.canonical import (
     InvalidJSON,
     canonical_bytes,
     has_nul,
     parse_and_canonicalize,
     repeated_key,
 )
-from idem_platform.coercion import native
-from idem_platform.coercion.records import RepeatedLines, _lone_surrogate, coerce_batch
 from idem_platform_tests.conftest import lines_batch
 from idem_platform_tests.test_fuzz import (
     BASE_SPEC,

@@ -1,4 +1,4 @@
-"""The OTLP/HTTP logs codec (``idem_platform.push.otlp``): no database, no server.
+"""The OTLP/HTTP logs codec (``idem_platform.sources.push.otlp``): no database, no server.
 
 Protobuf payloads come from the OpenTelemetry SDK itself (a ``LoggerProvider``
 feeding an in-memory exporter, encoded by the OTLP exporter's ``encode_logs``),
@@ -36,9 +36,9 @@ from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogR
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from idem_platform.catalog import ColumnType
-from idem_platform.push import otlp
-from idem_platform.push.otlp import (
+from idem_platform.contract.catalog import ColumnType
+from idem_platform.sources.push import otlp
+from idem_platform.sources.push.otlp import (
     JSON,
     LOG_COLUMNS,
     PROTOBUF,

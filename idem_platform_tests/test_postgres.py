@@ -6,7 +6,7 @@ import multiprocessing
 
 import pytest
 
-from idem_platform.catalog import Column, ColumnType, TableSpec
+from idem_platform.contract.catalog import Column, ColumnType, TableSpec
 from idem_platform.errors import ConfigError
 from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.schema import migrations

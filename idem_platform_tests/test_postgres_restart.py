@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from idem_platform.config import parse_config
-from idem_platform.connectors.filedrop.files import hash_file
 from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform.sources.filedrop.files import hash_file
 from idem_platform_tests.conftest import example_text, wait_until_staging
 
 pytestmark = pytest.mark.slow

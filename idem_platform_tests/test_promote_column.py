@@ -16,18 +16,18 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from idem_platform import pipeline
-from idem_platform.catalog import (
+from idem_platform.cli import main
+from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import (
     MAX_IDENTIFIER_BYTES,
     PROMOTABLE_KINDS,
     is_safe_column_name,
     typed_column_name,
 )
-from idem_platform.cli import main
-from idem_platform.commit import run
-from idem_platform.config import IdemConfig
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
-from idem_platform.postgres.promotion import (
+from idem_platform.postgres.retype import (
     PromotionLockTimeout,
     PromotionRefused,
     human_report,

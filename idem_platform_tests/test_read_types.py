@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from idem_platform.commit.run import as_idem_error
 from idem_platform.config import IdemConfig
+from idem_platform.pipeline.commit import as_idem_error
 from idem_platform.postgres import connect
 from idem_platform.read import read_table
 from idem_platform.read.decode import read_rows

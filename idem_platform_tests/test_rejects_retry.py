@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 import yaml
 
-from idem_platform import pipeline
 from idem_platform.coercion.records import RAW_CAP
-from idem_platform.commit import run
 from idem_platform.config import IdemConfig
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
+from idem_platform.pipeline.retry import human_retry_summary, retry_rejects
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
-from idem_platform.rejects import list_rejects
-from idem_platform.rejects_retry import human_retry_summary, retry_rejects
 from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform.sources.rejects.listing import list_rejects
 from idem_platform_tests.conftest import example_text, reset_database, write_config
 
 TABLES = ("indicator", "malware", "threat-actor", "campaign")
@@ -334,7 +334,7 @@ def test_two_retries_of_the_same_rejects_commit_them_once(
     path = write_lines(drop_path(strict, "feed.ndjson"), LINES[:4])
     ingest(pg_url, strict, spark, path)
     fixed = use(tmp_path, pg_url, FIXED)
-    from idem_platform.connectors.rejects import plan_retry
+    from idem_platform.sources.rejects import plan_retry
 
     connector = fixed.connector("threatfeed").model_copy(update={"max_reject_ratio": 1.0})
     tables = pipeline.current_tables(pg_url, fixed, connector)
@@ -477,7 +477,7 @@ def test_dagster_job_retries_from_run_config(pg_url: str, tmp_path: Path, strict
 def test_slices_span_units_and_split_runs(
     pg_url: str, tmp_path: Path, strict: IdemConfig, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from idem_platform.connectors.rejects import plan as retry_plan
+    from idem_platform.sources.rejects import plan as retry_plan
 
     a = write_lines(drop_path(strict, "a.ndjson"), [LINES[1], LINES[2], LINES[3]])
     b = write_lines(drop_path(strict, "b.ndjson"), [LINES[2], LINES[3], LINES[1].replace("ioc-2", "ioc-9")])
@@ -500,8 +500,8 @@ def test_slices_span_units_and_split_runs(
 def test_rejects_deleted_after_planning_fail_the_retry(
     pg_url: str, tmp_path: Path, strict: IdemConfig, spark: Any
 ) -> None:
-    from idem_platform.connectors.rejects import plan_retry
     from idem_platform.errors import TransientError
+    from idem_platform.sources.rejects import plan_retry
 
     ingest(pg_url, strict, spark, write_lines(drop_path(strict, "feed.ndjson"), LINES[:4]))
     fixed = use(tmp_path, pg_url, FIXED)

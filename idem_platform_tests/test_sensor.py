@@ -12,13 +12,13 @@ import dagster as dg
 import pytest
 
 from idem_platform.config import IdemConfig
-from idem_platform.connectors.filedrop import file_unit
-from idem_platform.connectors.filedrop.files import hash_file
+from idem_platform.contract.keys import file_key_from_digest
 from idem_platform.defs.filedrop.sensors import Decision, _copies_of_committed, decide
-from idem_platform.keys import file_key_from_digest
 from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
+from idem_platform.sources.filedrop import file_unit
+from idem_platform.sources.filedrop.files import hash_file
 from idem_platform_tests.conftest import SensorTicker
 
 

@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from idem_platform.config import IdemConfig
-from idem_platform.connectors.filedrop.files import hash_file
 from idem_platform.defs.filedrop.sensors import (
     BYTES_TAG,
     FILES_TAG,
@@ -32,6 +31,7 @@ from idem_platform.ledger import LedgerEntry
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
+from idem_platform.sources.filedrop.files import hash_file
 from idem_platform_tests.conftest import (
     REPO,
     SensorTicker,

@@ -22,14 +22,19 @@ import httpx
 import pytest
 import yaml
 
-from idem_platform import pipeline
-from idem_platform.commit import run
 from idem_platform.config import IdemConfig
 from idem_platform.ledger import Ledger
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
-from idem_platform.push.app import ServeSettings
-from idem_platform.push.server import BackgroundServer, bind_host, free_port, serve_in_background
+from idem_platform.sources.push.app import ServeSettings
+from idem_platform.sources.push.server import (
+    BackgroundServer,
+    bind_host,
+    free_port,
+    serve_in_background,
+)
 from idem_platform_tests.conftest import (
     EXAMPLE_CONFIG,
     cli_env,
@@ -345,7 +350,7 @@ def test_the_connectors_sensor_picks_up_what_idem_serve_lands_and_its_run_commit
 
 
 def test_a_spool_keeps_small_bodies_in_memory_and_spills_large_ones_to_a_dotfile(tmp_path: Path) -> None:
-    from idem_platform.push.landing import Spool
+    from idem_platform.sources.push.landing import Spool
 
     small = Spool(tmp_path / "land", limit=1 << 20, in_memory=64)
     small.write(b'{"a":1}\n')
@@ -470,7 +475,7 @@ def mode(path: Path) -> int:
 def test_landed_bodies_their_spools_and_the_directories_made_for_them_are_private(
     pg_url: str, tmp_path: Path, umask_022: None
 ) -> None:
-    from idem_platform.push.landing import Spool
+    from idem_platform.sources.push.landing import Spool
 
     spool = Spool(tmp_path / "made" / "land", limit=1 << 20, in_memory=8)
     spool.write(b'{"a":1}\n' * 4)  # past in_memory: spilled to its dotfile
@@ -492,7 +497,7 @@ def test_landed_bodies_their_spools_and_the_directories_made_for_them_are_privat
 def test_a_spool_left_by_a_killed_server_is_removed_at_start_and_a_live_ones_is_not(
     pg_url: str, tmp_path: Path
 ) -> None:
-    from idem_platform.push.landing import Spool
+    from idem_platform.sources.push.landing import Spool
 
     config = push_config(tmp_path)
     directory = config.connector("push").path

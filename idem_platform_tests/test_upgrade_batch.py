@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from idem_platform.catalog import SYSTEM_COLUMNS, Column, ColumnType, TableSpec
+from idem_platform.contract.catalog import SYSTEM_COLUMNS, Column, ColumnType, TableSpec
 from idem_platform.migrations import MigrationFailed, MigrationSource
 from idem_platform.read.plan import ERROR_COLUMN, ConnectorRules, ReadPlan, frame_columns
 from idem_platform.read.upgrade import KEEP, RAISE, SKIP, upgrade_batch

@@ -5,7 +5,7 @@
  *
  * The contract (DESIGN §2) is json.dumps(json.loads(line), sort_keys=True,
  * separators=(",", ":"), ensure_ascii=True, allow_nan=False) with exact integers.
- * The Python path (idem_platform.canonical) gets there through orjson's parse and
+ * The Python path (idem_platform.contract.canonical) gets there through orjson's parse and
  * sorted dump plus checks; this module writes the same bytes straight from the
  * line's tokens. It only ever answers for lines it is sure of: anything unusual
  * (invalid JSON or UTF-8, NUL, lone surrogates, a repeated key, a non-finite float,

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_platform.catalog import Column
 from idem_platform.coercion.converters import FLOAT32_MAX, FieldError, converter_for
+from idem_platform.contract.catalog import Column
 
 RFC3339_SHAPE = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"
 _NONE = type(None)

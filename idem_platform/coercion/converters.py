@@ -14,9 +14,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from idem_platform.canonical import canonical_value_bytes
-from idem_platform.catalog import Column
 from idem_platform.coercion.timestamps import NS_MAX, NS_MIN, TimestampError, parse_rfc3339_ns
+from idem_platform.contract.canonical import canonical_value_bytes
+from idem_platform.contract.catalog import Column
 
 Converter = Callable[[Any], Any]
 INT32 = (-(2**31), 2**31 - 1)

@@ -4,7 +4,7 @@ This runs per record inside Spark's Python workers, one Arrow batch at a time;
 it never runs as a driver loop. It is deliberately free of Spark, Dagster and
 any source: every connector (file drop, Kafka, HTTP) feeds it the same batches.
 
-Input batch (:data:`~idem_platform.connectors.batch.RECORDS_SCHEMA`): ``_unit``
+Input batch (:data:`~idem_platform.write.batch.RECORDS_SCHEMA`): ``_unit``
 (index of the record's unit, whose position prefix the spec carries),
 ``_offset`` (line number or offset), ``_raw`` (the bytes, possibly cut at
 ``max_line_bytes``; null when the source had no value), ``_raw_length``,
@@ -32,7 +32,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_platform.canonical import (
+from idem_platform.coercion import native
+from idem_platform.coercion.columns import convert_column
+from idem_platform.coercion.converters import json_kind
+from idem_platform.contract.canonical import (
     InvalidJSON,
     RepeatedKey,
     canonical_value_bytes,
@@ -40,11 +43,8 @@ from idem_platform.canonical import (
     parse_and_canonicalize,
     repeated_key,
 )
-from idem_platform.catalog import TableSpec, is_safe_column_name
-from idem_platform.coercion import native
-from idem_platform.coercion.columns import convert_column
-from idem_platform.coercion.converters import json_kind
-from idem_platform.keys import MAX_KEY_LENGTH, ext_id_text, record_key
+from idem_platform.contract.catalog import TableSpec, is_safe_column_name
+from idem_platform.contract.keys import MAX_KEY_LENGTH, ext_id_text, record_key
 from idem_platform.migrations import MigrationFailed, MigrationSource
 
 LINE_BITS = 40

@@ -13,9 +13,9 @@ from idem_platform.defs.io_managers import SparkPlanIOManager, TableIOManager, W
 from idem_platform.defs.kafka.definitions import kafka_definitions
 from idem_platform.defs.maintenance import ledger_purge_job, ledger_purge_schedule
 from idem_platform.defs.migrate import migrate_job
-from idem_platform.defs.promotion import promote_column_job
 from idem_platform.defs.rejects import rejects_definitions
 from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.retype import promote_column_job
 from idem_platform.defs.tables import TABLE_IO_MANAGER, table_asset_specs
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.connection import POSTGRES_URL_ENV

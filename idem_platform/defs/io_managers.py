@@ -27,14 +27,14 @@ import dagster as dg
 import psycopg
 from pydantic import Field
 
-from idem_platform.commit.run import CommitRequest, commit_batch
 from idem_platform.config import IdemConfig
 from idem_platform.defs.filedrop.partitions import files_by_partition
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.defs.summary import REJECT_SAMPLE, summary_from_metadata, summary_metadata
-from idem_platform.pipeline import CoercedBatch, check_cluster_reach
+from idem_platform.pipeline.commit import CommitRequest, commit_batch
+from idem_platform.pipeline.ingest import CoercedBatch, check_cluster_reach
 from idem_platform.redact import secrets_kept
-from idem_platform.rejects import list_rejects
+from idem_platform.sources.rejects.listing import list_rejects
 
 REPLAY_TAG = "idem/replay"
 LATEST = "latest"  # the plans directory that keeps each asset partition's latest plan

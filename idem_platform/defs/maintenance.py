@@ -5,9 +5,9 @@ from datetime import timedelta
 
 import dagster as dg
 
-from idem_platform.commit.staging import drop_stale_staging
 from idem_platform.defs.resources import PostgresResource
 from idem_platform.ledger import purge_expired
+from idem_platform.write.staging import drop_stale_staging
 
 PURGE_GRACE = timedelta(hours=1)
 STALE_STAGING_SECONDS = 24 * 3600

@@ -2,7 +2,7 @@
 
 Launched from the Launchpad (run config ``ops: {<connector>__retry_rejects: {config:
 {commit_id: ..., dry_run: ...}}}``, both optional) or by ``idem rejects retry`` in
-process, it runs :func:`idem_platform.rejects_retry.retry_rejects`: the connector's
+process, it runs :func:`idem_platform.pipeline.retry.retry_rejects`: the connector's
 quarantined rejects through the current catalog, those that pass committed exactly
 once through the same write path as an ingest.
 """
@@ -17,7 +17,7 @@ from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.errors import ConfigError
-from idem_platform.pipeline import check_cluster_reach
+from idem_platform.pipeline.ingest import check_cluster_reach
 from idem_platform.redact import secrets_kept
 
 
@@ -63,7 +63,7 @@ def retry_metadata(summary: dict[str, Any]) -> dict[str, dg.MetadataValue]:
 
 def build_retry_job(idem_config: IdemConfig, connector: ConnectorConfig) -> dg.JobDefinition:
     """The connector's ``<connector>_retry_rejects`` job."""
-    from idem_platform.rejects_retry import retry_rejects
+    from idem_platform.pipeline.retry import retry_rejects
 
     @dg.op(
         name=retry_op_name(connector),

@@ -28,8 +28,8 @@ from typing import Any, NamedTuple
 import dagster as dg
 import psycopg
 
-from idem_platform.catalog import SYSTEM_COLUMNS, TableSpec
 from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec
 from idem_platform.defs.connector.assets import asset_keys
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.schema import SCHEMA

@@ -16,7 +16,7 @@ import json
 import psycopg
 from psycopg import sql
 
-from idem_platform.catalog import (
+from idem_platform.contract.catalog import (
     MAX_IDENTIFIER_BYTES,
     PROMOTABLE_KINDS,
     STRING,
@@ -135,7 +135,7 @@ def effective_spec(spec: TableSpec, columns: dict[str, str]) -> TableSpec:
 
 def promotions(spec: TableSpec, columns: dict[str, str]) -> dict[str, ColumnType]:
     """Text column -> promoted type, for the spec's text columns whose typed companion
-    column (:func:`~idem_platform.catalog.typed_column_name`) exists with its type."""
+    column (:func:`~idem_platform.contract.catalog.typed_column_name`) exists with its type."""
     found: dict[str, ColumnType] = {}
     for column in spec.columns:
         if column.type != STRING:
@@ -152,7 +152,7 @@ def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[s
     """Create/widen every declared table; return the effective specs.
 
     Runs in its own transaction under the DDL advisory lock, and keeps the
-    commit's lock order (:class:`idem_platform.commit.promote.Promotion`):
+    commit's lock order (:class:`idem_platform.write.apply.Promotion`):
     catalog rows, then tables, each in name order, so a promote that widens a
     table and this sync never wait on each other in a cycle.
 

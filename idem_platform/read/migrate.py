@@ -296,7 +296,7 @@ def migrate(
         ConfigError: an unknown record type, a bad ``batch_rows``.
         MigrationChainError: a broken chain.
     """
-    from idem_platform.pipeline import check_cluster_reach
+    from idem_platform.pipeline.ingest import check_cluster_reach
     from idem_platform.spark.session import task_slots
 
     if batch_rows < 1:

@@ -24,8 +24,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from idem_platform.catalog import SYSTEM_COLUMNS, TableSpec
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec
 from idem_platform.errors import ConfigError
 from idem_platform.migrations import MigrationSource
 from idem_platform.postgres.connection import connect

@@ -112,7 +112,7 @@ def read_table(
         ConfigError: unknown record type, migration modules that cannot be imported.
         MigrationChainError: a broken chain.
     """
-    from idem_platform.pipeline import check_cluster_reach
+    from idem_platform.pipeline.ingest import check_cluster_reach
 
     config.chains()
     check_cluster_reach(_master(spark), url)

@@ -11,7 +11,7 @@ upgraded row holds exactly what ingesting the upgraded record would write:
 * typed columns as ingest types them (timestamps to the microsecond, rounded half
   up; ``dynamic`` values as canonical JSON text);
 * a promoted column's companion as ``idem.promote_<kind>`` would cast its text
-  (:func:`~idem_platform.postgres.promotion.reference_cast`, the cast's reference);
+  (:func:`~idem_platform.postgres.retype.reference_cast`, the cast's reference);
 * ``props``: the upgraded record's fields that are no column of the table (unless
   the connector's contract is ``drop``), as canonical JSON. A read adds no column,
   so a field that ingest would have evolved into a new column lands here.
@@ -33,10 +33,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_platform.canonical import InvalidJSON, canonical_value_bytes, parse_json_slow
-from idem_platform.catalog import Column
 from idem_platform.coercion.columns import convert_column
 from idem_platform.coercion.records import _for_spark
+from idem_platform.contract.canonical import InvalidJSON, canonical_value_bytes, parse_json_slow
+from idem_platform.contract.catalog import Column
 from idem_platform.migrations import Chains, MigrationFailed
 from idem_platform.read.plan import ERROR_COLUMN, ConnectorRules, ReadPlan
 
@@ -48,7 +48,7 @@ def parse_payload(text: str) -> Any:
 
     orjson reads an integer past 64 bits as a float (written back as ``1.2e+22``;
     PostgreSQL itself never writes an exponent): such a payload is parsed again by
-    :mod:`json`, which keeps it exact (the canonical form's rule, :mod:`idem_platform.canonical`).
+    :mod:`json`, which keeps it exact (the canonical form's rule, :mod:`idem_platform.contract.canonical`).
     """
     value = orjson.loads(text)
     if b"e+" in orjson.dumps(value):
@@ -207,7 +207,7 @@ class _Upgrade:
                 texts[column.name] = array.to_pylist()
             out[column.name] = _frame_array(array, column.arrow)
         for catalog in plan.spec.promoted_columns():
-            from idem_platform.postgres.promotion import reference_cast
+            from idem_platform.postgres.retype import reference_cast
 
             assert catalog.promoted is not None and catalog.typed_column is not None
             kind = catalog.promoted.kind

@@ -39,7 +39,7 @@ PRELOAD = (
     "psycopg",
     "pgpq",
     "idem_platform.coercion.records",
-    "idem_platform.commit.staging",
+    "idem_platform.write.staging",
     "idem_platform.spark.stage",
 )
 

@@ -2,7 +2,7 @@
 
 One input partition per slice (a file's split, a run of Kafka offsets), read on
 the executors by the slice itself, so a cluster scales the read too. Rows have
-:data:`~idem_platform.connectors.batch.RECORDS_SCHEMA`; batches are Arrow, built
+:data:`~idem_platform.write.batch.RECORDS_SCHEMA`; batches are Arrow, built
 without per-record Python in the driver.
 
 The slices travel as one pickled option (``batch``): they are small plans (a
@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from idem_platform.connectors.batch import SourceBatch
+from idem_platform.write.batch import SourceBatch
 
 RECORDS_DDL = "_unit int, _offset bigint, _raw binary, _raw_length bigint, _meta string, _timestamp bigint"
 

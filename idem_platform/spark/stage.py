@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from idem_platform.coercion.records import DirectRows, RepeatedLines, coerce_batch
-from idem_platform.commit.plan import CommitPlan
-from idem_platform.commit.promote import StagedAttempt
-from idem_platform.commit.staging import StagingWriter, new_attempt_id
 from idem_platform.errors import TransientError
 from idem_platform.faults import checkpoint
 from idem_platform.spark.session import is_remote, task_slots
+from idem_platform.write.apply import StagedAttempt
+from idem_platform.write.plan import CommitPlan
+from idem_platform.write.staging import StagingWriter, new_attempt_id
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

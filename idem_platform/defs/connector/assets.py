@@ -9,10 +9,10 @@ promoting transaction.
 import dagster as dg
 
 from idem_platform.config import ConnectorConfig, IdemConfig
-from idem_platform.connectors.batch import SourceBatch
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource
-from idem_platform.pipeline import CoercedBatch, current_tables
+from idem_platform.pipeline.ingest import CoercedBatch, current_tables
+from idem_platform.write.batch import SourceBatch
 
 PLAN_IO_MANAGER = "spark_plan_io_manager"
 WAREHOUSE_IO_MANAGER = "warehouse_io_manager"

@@ -10,9 +10,8 @@ import pyarrow
 import pyarrow.compute as pc
 from dagster import PreviewWarning
 
-from idem_platform.catalog import TableSpec
 from idem_platform.config import ConnectorConfig
-from idem_platform.connectors.sample import coerced_sample
+from idem_platform.contract.catalog import TableSpec
 from idem_platform.defs.resources import PostgresResource
 from idem_platform.defs.summary import (
     REJECT_SAMPLE,
@@ -20,10 +19,11 @@ from idem_platform.defs.summary import (
     reject_sample,
     summary_from_metadata,
 )
-from idem_platform.pipeline import CoercedBatch
+from idem_platform.pipeline.ingest import CoercedBatch
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import table_ident
-from idem_platform.rejects import list_rejects
+from idem_platform.sources.rejects.listing import list_rejects
+from idem_platform.sources.sample import coerced_sample
 
 if TYPE_CHECKING:
     import pandas as pd

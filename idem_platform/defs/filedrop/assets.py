@@ -16,8 +16,6 @@ from dagster import BetaWarning
 from pydantic import Field
 
 from idem_platform.config import ConnectorConfig, IdemConfig
-from idem_platform.connectors.batch import SourceBatch
-from idem_platform.connectors.filedrop.scan import named_file_refusal, refused_text
 from idem_platform.defs.connector.assets import (
     PLAN_IO_MANAGER,
     asset_keys,
@@ -28,8 +26,10 @@ from idem_platform.defs.connector.assets import (
 from idem_platform.defs.filedrop.partitions import path_for_partition
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource, SparkResource
-from idem_platform.pipeline import check_cluster_reach, plan_batch, prepare_tables
+from idem_platform.pipeline.ingest import check_cluster_reach, plan_batch, prepare_tables
 from idem_platform.redact import secrets_kept
+from idem_platform.sources.filedrop.scan import named_file_refusal, refused_text
+from idem_platform.write.batch import SourceBatch
 
 
 class IngestConfig(dg.Config):

@@ -64,18 +64,18 @@ from typing import Any
 import dagster as dg
 import psycopg
 
-from idem_platform.commit.run import owner_alive
 from idem_platform.config import ConnectorConfig
-from idem_platform.connectors.filedrop.committed import committed_files
-from idem_platform.connectors.filedrop.files import hash_file
-from idem_platform.connectors.filedrop.scan import look
+from idem_platform.contract.keys import file_key_from_digest
 from idem_platform.defs.filedrop.partitions import partition_key_for
 from idem_platform.defs.resources import PostgresResource
 from idem_platform.errors import FileChangedError, RefusedFileError
-from idem_platform.keys import file_key_from_digest
 from idem_platform.ledger import Ledger, LedgerEntry, next_attempt
+from idem_platform.pipeline.commit import owner_alive
 from idem_platform.postgres.schema import SCHEMA
-from idem_platform.push.landing import LANDED_SUFFIX
+from idem_platform.sources.filedrop.committed import committed_files
+from idem_platform.sources.filedrop.files import hash_file
+from idem_platform.sources.filedrop.scan import look
+from idem_platform.sources.push.landing import LANDED_SUFFIX
 
 HASH_BUDGET_SECONDS = 20.0
 _LANDED_NAME = re.compile(r"([0-9a-f]{64})" + re.escape(LANDED_SUFFIX))

@@ -9,8 +9,6 @@ import dagster as dg
 from pydantic import Field
 
 from idem_platform.config import ConnectorConfig, IdemConfig
-from idem_platform.connectors.batch import SourceBatch
-from idem_platform.connectors.kafka.ranges import RangeRequest
 from idem_platform.defs.connector.assets import (
     PLAN_IO_MANAGER,
     asset_keys,
@@ -19,8 +17,10 @@ from idem_platform.defs.connector.assets import (
 )
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource, SparkResource
-from idem_platform.pipeline import check_cluster_reach, plan_batch, prepare_tables
+from idem_platform.pipeline.ingest import check_cluster_reach, plan_batch, prepare_tables
 from idem_platform.redact import secrets_kept
+from idem_platform.sources.kafka.ranges import RangeRequest
+from idem_platform.write.batch import SourceBatch
 
 
 class KafkaRange(dg.Config):

@@ -4,7 +4,7 @@ Per tick it asks the brokers for every partition of the connector's topics
 (new partitions are picked up as they appear) and their watermarks, reads the
 committed offsets and the ledger rows of the ranges that would start there, and
 requests one run with explicit ``{topic, partition, start, end}`` ranges for
-the partitions that need one (:mod:`idem_platform.connectors.kafka.lag`).
+the partitions that need one (:mod:`idem_platform.sources.kafka.lag`).
 It requests nothing while a run of the connector's job is queued or running:
 the next run starts where that one commits.
 
@@ -18,15 +18,15 @@ from typing import Any
 
 import dagster as dg
 
-from idem_platform.commit.run import owner_alive
 from idem_platform.config import ConnectorConfig
-from idem_platform.connectors.kafka.client import describe_partitions
-from idem_platform.connectors.kafka.lag import decide_all, partition_lags, run_key
-from idem_platform.connectors.kafka.offsets import committed_offsets
-from idem_platform.connectors.kafka.ranges import ranges_to_read
 from idem_platform.defs.resources import PostgresResource
 from idem_platform.errors import KafkaError
 from idem_platform.ledger import Ledger
+from idem_platform.pipeline.commit import owner_alive
+from idem_platform.sources.kafka.client import describe_partitions
+from idem_platform.sources.kafka.lag import decide_all, partition_lags, run_key
+from idem_platform.sources.kafka.offsets import committed_offsets
+from idem_platform.sources.kafka.ranges import ranges_to_read
 
 SENSOR_BROKER_TIMEOUT_SECONDS = 5.0
 RANGES_TAG = "idem/kafka_ranges"

@@ -7,7 +7,7 @@
 -- text that is a JSON number, `true` or `false` is that value, any other text is the
 -- string itself. So 42 and "42" (both stored as the text 42) promote alike, and a
 -- row gets the same typed value whether the backfill or a later commit fills it.
--- idem_platform/postgres/promotion.py holds the same rules in Python
+-- idem_platform/postgres/retype.py holds the same rules in Python
 -- (`reference_cast`), and the tests check one against the other.
 --
 -- PostgreSQL 15 has no pg_input_is_valid (16+): plain regex guards and range checks.

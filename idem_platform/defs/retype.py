@@ -1,0 +1,100 @@
+"""The job ``idem_promote_column``: ``idem promote`` from Dagster (Launchpad, schedules, sensors).
+
+Run config::
+
+    ops:
+      promote_column:
+        config: {record_type: malware, column: score, to: long, batch_rows: 50000}
+
+The op runs :func:`idem_platform.postgres.retype.promote_column` (typed companion
+column under the commit path's lock order, then the batched backfill), logs each
+batch and the report, and attaches the report as the output's metadata.
+"""
+
+from typing import Any, Literal
+
+import dagster as dg
+from pydantic import Field
+
+from idem_platform.config import IdemConfig
+from idem_platform.defs.resources import PostgresResource
+from idem_platform.errors import IdemError
+from idem_platform.postgres.retype import DEFAULT_BATCH_ROWS, human_report, promote_column
+
+JOB_NAME = "idem_promote_column"
+
+
+class PromoteColumnConfig(dg.Config):
+    """Which evolved text column to promote, to what."""
+
+    record_type: str = Field(description="the record type (table idem.<record_type>)")
+    column: str = Field(description="an evolved text column of it")
+    to: Literal["long", "real", "timestamp", "bool"] = Field(description="the type of its typed companion column")
+    batch_rows: int = Field(default=DEFAULT_BATCH_ROWS, ge=1, description="rows per backfill transaction")
+
+
+def promotion_metadata(report: dict[str, Any]) -> dict[str, Any]:
+    """The report as materialization-style metadata."""
+    examples = report["not_cast_examples"]
+    rows = [(str(e["_idempotency_key"]), str(e["value"]).replace("|", r"\|")) for e in examples]
+    table = "\n".join(["| _idempotency_key | text |", "|---|---|"] + [f"| `{key}` | `{value}` |" for key, value in rows])
+    return {
+        "record_type": report["record_type"],
+        "column": report["column"],
+        "to": report["to"],
+        "typed_column": report["typed_column"],
+        "added": report["added"],
+        "rows_promoted": dg.MetadataValue.int(report["rows_promoted"]),
+        "rows_not_cast": dg.MetadataValue.int(report["rows_not_cast"]),
+        "not_cast_examples": dg.MetadataValue.md(table if examples else "every text cast"),
+        "batches": dg.MetadataValue.int(report["batches"]),
+        "batch_rows": dg.MetadataValue.int(report["batch_rows"]),
+        "seconds": dg.MetadataValue.float(float(report["seconds"])),
+        "report": dg.MetadataValue.json(report),
+    }
+
+
+def promote_column_job(config: IdemConfig) -> dg.JobDefinition:
+    """The job for ``config``'s record types (their declared columns come from it)."""
+    specs = config.table_specs
+
+    @dg.op(
+        name="promote_column",
+        description=(
+            "Give an evolved text column a typed companion column (long, real, timestamp, bool) that new commits "
+            "fill, and backfill existing rows in batches; values that do not cast stay text (typed null)."
+        ),
+    )
+    def promote_column_op(
+        context: dg.OpExecutionContext, config: PromoteColumnConfig, postgres: PostgresResource
+    ) -> dg.Output[dict[str, Any]]:
+        spec = specs.get(config.record_type)
+        if spec is None:
+            raise dg.Failure(
+                description=f"unknown record type {config.record_type!r} (known: {', '.join(sorted(specs))})"
+            )
+        try:
+            report = promote_column(
+                postgres.resolved_url,
+                spec,
+                config.column,
+                config.to,
+                batch_rows=config.batch_rows,
+                progress=context.log.info,
+            )
+        except IdemError as exc:
+            raise dg.Failure(description=str(exc), allow_retries=exc.retryable) from exc
+        context.log.info(human_report(report))
+        return dg.Output(report, metadata=promotion_metadata(report))
+
+    @dg.job(
+        name=JOB_NAME,
+        description=(
+            "idem promote from Dagster: run config ops.promote_column.config = "
+            "{record_type, column, to, batch_rows}."
+        ),
+    )
+    def job() -> None:
+        promote_column_op()
+
+    return job
