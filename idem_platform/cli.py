@@ -614,7 +614,7 @@ def _progress_line(line: str) -> None:
 
 
 def cmd_promote(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``idem promote TYPE COLUMN --to KIND``: a typed companion for an evolved text column, then the backfill."""
+    """``idem retype TYPE COLUMN --to KIND`` (alias ``idem promote``): a typed companion for an evolved text column, then the backfill."""
     from idem_platform.postgres.retype import human_report, promote_column
 
     config = load_config(args.config)
@@ -868,8 +868,8 @@ def parser() -> argparse.ArgumentParser:
     _add_verbose(top, default=False)
     commands = top.add_subparsers(dest="command", required=True)
 
-    def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text)
+    def add(name: str, help_text: str, aliases: Sequence[str] = ()) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, aliases=list(aliases))
         sub.add_argument("--config", help=f"idem.yaml (default: ${CONFIG_ENV}, else ./idem.yaml)")
         _add_verbose(sub)
         return sub
@@ -913,7 +913,12 @@ def parser() -> argparse.ArgumentParser:
     rejects.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     rejects.add_argument("--json", action="store_true", help="JSON lines even on a terminal")
     rejects.set_defaults(func=cmd_rejects)
-    promote = add("promote", "give an evolved text column a typed companion column and backfill it")
+    # `retype` was `promote` (a word the commit's own step also used): the old name stays an
+    # alias for one release.
+    promote = add(
+        "retype", "give an evolved text column a typed companion column and backfill it (alias: promote)",
+        aliases=["promote"],
+    )
     promote.add_argument("record_type", metavar="TYPE", help="the record type (table idem.TYPE)")
     promote.add_argument("column", metavar="COLUMN", help="an evolved text column of it")
     promote.add_argument("--to", required=True, choices=["long", "real", "timestamp", "bool"], help="the type")

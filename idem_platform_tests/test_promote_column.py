@@ -164,7 +164,7 @@ def test_safe_casts_match_the_ingest_converters(pg_url: str) -> None:
 def test_promote_to_long_backfills_reports_and_reads_coalesced(
     evolved: IdemConfig, pg_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, lines, err = cli(capsys, "promote", "malware", "score", "--to", "long")
+    code, lines, err = cli(capsys, "retype", "malware", "score", "--to", "long")
     assert code == 0, err
     (report,) = [json.loads(line) for line in lines]
     assert report["typed_column"] == "_score__long" and report["added"] is True
@@ -197,7 +197,7 @@ def test_promote_to_long_backfills_reports_and_reads_coalesced(
     assert read["m1"]["seen"] == "2026-01-31T12:00:00.5+01:00"  # not promoted: its text, as before
 
     # Again: nothing to add, nothing left to promote (the unclean rows are looked at again).
-    code, lines, err = cli(capsys, "promote", "malware", "score", "--to", "long")
+    code, lines, err = cli(capsys, "retype", "malware", "score", "--to", "long")
     again = json.loads(lines[0])
     assert code == 0 and again["added"] is False
     assert (again["rows_promoted"], again["rows_not_cast"]) == (0, 3)
