@@ -277,7 +277,7 @@ def copy_baseline(url: str, records: int) -> float:
 
 def embedded_server(home: Path) -> str:
     """The embedded PostgreSQL (pgserver) under ``home`` — the product's default."""
-    from idem_platform.postgres.connection import embedded_postgres_url
+    from idem_platform.postgres.embedded import embedded_postgres_url
 
     return embedded_postgres_url(home)
 

@@ -35,9 +35,10 @@ from idem_platform.config import (
     load_config,
 )
 from idem_platform.errors import IdemError
-from idem_platform.postgres.connection import POSTGRES_URL_ENV, idem_home, resolve_postgres_url
+from idem_platform.postgres.embedded import resolve_postgres_url
 from idem_platform.private_files import private_dir, write_private_text
 from idem_platform.redact import masked, remember_url, scrub
+from idem_platform.settings import POSTGRES_URL_ENV, idem_home
 
 SUMMARY_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "files", "seconds")
 
@@ -276,7 +277,7 @@ def _run_job(
     """Execute the connector's Dagster job in process against the instance; return the commit summary."""
     import dagster as dg
 
-    from idem_platform.defs.connector.assets import asset_keys, job_name
+    from idem_platform.defs.connector.names import asset_keys, job_name
     from idem_platform.defs.definitions import build_definitions
     from idem_platform.defs.filedrop.partitions import partitions_for
     from idem_platform.defs.storage import pool_storage_connections

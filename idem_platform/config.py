@@ -37,6 +37,7 @@ from idem_platform.contract.catalog import (
     is_safe_column_name,
 )
 from idem_platform.contract.keys import NAME_PATTERN
+from idem_platform.contract.otlp_logs import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
 from idem_platform.errors import ConfigError
 from idem_platform.migrations import Chains, MigrationChainError, MigrationSource
 from idem_platform.redact import remember_settings
@@ -393,7 +394,6 @@ class IdemConfig(_Model):
         otlp = [c for c in data["connectors"] if isinstance(c, dict) and c.get("kind") == "otlp"]
         if not otlp:
             return data
-        from idem_platform.sources.push.otlp import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
 
         tables = dict(data.get("tables") or {})
         connectors, implicit = [], []

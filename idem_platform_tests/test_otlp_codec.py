@@ -37,10 +37,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from idem_platform.contract.catalog import ColumnType
+from idem_platform.contract.otlp_logs import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
 from idem_platform.sources.push import otlp
 from idem_platform.sources.push.otlp import (
     JSON,
-    LOG_COLUMNS,
     PROTOBUF,
     DecodedLogs,
     MalformedExport,
@@ -319,7 +319,7 @@ def test_ndjson_form() -> None:
 
 
 def test_columns_are_catalog_types() -> None:
-    assert otlp.DEFAULT_LOG_RECORD_TYPE == "log"
+    assert DEFAULT_LOG_RECORD_TYPE == "log"
     assert list(LOG_COLUMNS) == [
         "time",
         "observed_time",

@@ -18,8 +18,8 @@ from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.defs.retype import promote_column_job
 from idem_platform.defs.tables import TABLE_IO_MANAGER, table_asset_specs
 from idem_platform.errors import ConfigError
-from idem_platform.postgres.connection import POSTGRES_URL_ENV
 from idem_platform.redact import remember_url, url_secrets
+from idem_platform.settings import POSTGRES_URL_ENV
 from idem_platform.spark.session import spark_config_for
 
 

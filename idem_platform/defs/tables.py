@@ -30,7 +30,7 @@ import psycopg
 
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec
-from idem_platform.defs.connector.assets import asset_keys
+from idem_platform.defs.connector.names import asset_keys
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import effective_spec, existing_columns

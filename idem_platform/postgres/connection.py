@@ -1,34 +1,11 @@
-"""Where PostgreSQL is: ``IDEM_POSTGRES_URL``, else the embedded server under ``.idem/``
-(:mod:`idem_platform.postgres.embedded`)."""
+"""Connections to PostgreSQL (where the URL comes from: :mod:`idem_platform.postgres.embedded`)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-POSTGRES_URL_ENV = "IDEM_POSTGRES_URL"
-HOME_ENV = "IDEM_HOME"
-
-
-def idem_home() -> Path:
-    """``$IDEM_HOME`` or ``./.idem``: the embedded server, Dagster home and sample drops."""
-    return Path(os.environ.get(HOME_ENV) or ".idem").resolve()
-
-
-def embedded_postgres_url(home: Path | None = None) -> str:
-    """Start (or reattach to) the embedded server (:mod:`idem_platform.postgres.embedded`)."""
-    from idem_platform.postgres.embedded import embedded_postgres_url as start
-
-    return start(home)
-
-
-def resolve_postgres_url(url: str | None = None) -> str:
-    """The URL to use: an explicit one, else ``$IDEM_POSTGRES_URL``, else the embedded server."""
-    return url or os.environ.get(POSTGRES_URL_ENV) or embedded_postgres_url()
 
 
 def is_unix_socket_url(url: str) -> bool:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from idem_platform.errors import EmbeddedPostgresError
-from idem_platform.postgres.connection import idem_home
+from idem_platform.settings import idem_home, postgres_url_from_environment
 
 if TYPE_CHECKING:
     from pgserver import PostgresServer
@@ -71,6 +71,11 @@ def _pgserver() -> ModuleType:
             ) from None
 
     return pgserver
+
+
+def resolve_postgres_url(url: str | None = None) -> str:
+    """The URL to use: an explicit one, else ``$IDEM_POSTGRES_URL``, else the embedded server."""
+    return url or postgres_url_from_environment() or embedded_postgres_url()
 
 
 def embedded_postgres_url(home: Path | None = None) -> str:

@@ -297,7 +297,7 @@ def migrate(
         MigrationChainError: a broken chain.
     """
     from idem_platform.pipeline.ingest import check_cluster_reach
-    from idem_platform.spark.session import task_slots
+    from idem_platform.spark.slots import task_slots
 
     if batch_rows < 1:
         raise ConfigError(f"batch rows must be at least 1 (got {batch_rows})")

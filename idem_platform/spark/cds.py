@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from idem_platform.postgres.connection import idem_home
+from idem_platform.settings import idem_home
 
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xshare:auto"
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pyspark.sql import SparkSession
 
 from idem_platform.config import SPARK_REMOTE_ENV as REMOTE_ENV
+from idem_platform.spark.slots import is_remote, task_slots
 
 DEFAULT_CONF: dict[str, str] = {
     "spark.app.name": "idem_platform",
@@ -83,27 +84,6 @@ REMOTE_SESSION_CONF = ("spark.sql.session.timeZone", "spark.sql.execution.arrow.
 def remote_url(conf: Mapping[str, str] | None = None) -> str | None:
     """The Spark Connect server to use: ``spark.remote`` of the settings, else ``IDEM_SPARK_REMOTE``."""
     return (conf or {}).get("spark.remote") or os.environ.get(REMOTE_ENV) or None
-
-
-def is_remote(spark: SparkSession) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDD API)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def task_slots(spark: SparkSession) -> int:
-    """How many tasks run at once: the context's default parallelism, or for a Connect
-    session the server's ``local[N]`` (``local[*]``: this machine's cores, the server
-    being local); any other master counts as 2 until it says otherwise."""
-    if not is_remote(spark):
-        return max(1, int(spark.sparkContext.defaultParallelism))
-    try:
-        master = str(spark.conf.get("spark.master"))
-    except Exception:  # noqa: BLE001 - an older server: assume a small machine
-        return 2
-    if master.startswith("local["):
-        count = master[len("local[") :].split(",")[0].rstrip("]")
-        return os.cpu_count() or 2 if count == "*" else max(1, int(count)) if count.isdigit() else 2
-    return 1 if master == "local" else 2
 
 
 def pin_python() -> None:

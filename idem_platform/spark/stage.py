@@ -41,7 +41,7 @@ import pyarrow as pa
 from idem_platform.coercion.records import DirectRows, RepeatedLines, coerce_batch
 from idem_platform.errors import TransientError
 from idem_platform.faults import checkpoint
-from idem_platform.spark.session import is_remote, task_slots
+from idem_platform.spark.slots import is_remote, task_slots
 from idem_platform.write.apply import StagedAttempt
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, new_attempt_id

@@ -9,8 +9,10 @@ promoting transaction.
 import dagster as dg
 
 from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.defs.connector.names import asset_keys, group_of
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource
+from idem_platform.defs.tables import declared_schema
 from idem_platform.pipeline.ingest import CoercedBatch, current_tables
 from idem_platform.write.batch import SourceBatch
 
@@ -18,30 +20,8 @@ PLAN_IO_MANAGER = "spark_plan_io_manager"
 WAREHOUSE_IO_MANAGER = "warehouse_io_manager"
 
 
-def asset_keys(connector: ConnectorConfig) -> tuple[dg.AssetKey, dg.AssetKey, dg.AssetKey]:
-    """``<connector>/ingest``, ``<connector>/coerced``, ``<connector>/committed``."""
-    return (
-        dg.AssetKey([connector.name, "ingest"]),
-        dg.AssetKey([connector.name, "coerced"]),
-        dg.AssetKey([connector.name, "committed"]),
-    )
-
-
-def job_name(connector: ConnectorConfig) -> str:
-    """The connector's job: ``<connector>_ingest`` (what its sensor launches and ``idem ingest`` runs)."""
-    return f"{connector.name.replace('-', '_')}_ingest"
-
-
-def group_of(connector: ConnectorConfig) -> str:
-    """The connector's asset group (Dagster group names take no ``-``)."""
-    return connector.name.replace("-", "_")
-
-
 def table_definitions(idem_config: IdemConfig, connector: ConnectorConfig) -> dict[str, dg.MetadataValue]:
     """What ``committed`` writes, shown before its first run: the tables and their declared columns."""
-    # Imported here: tables.py builds on this module's asset keys.
-    from idem_platform.defs.tables import declared_schema
-
     specs = idem_config.tables_for(connector)
     metadata: dict[str, dg.MetadataValue] = {
         "writes": dg.MetadataValue.md("\n".join(f"* `idem.{name}`" for name in sorted(specs))),

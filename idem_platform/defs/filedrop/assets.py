@@ -18,11 +18,10 @@ from pydantic import Field
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.defs.connector.assets import (
     PLAN_IO_MANAGER,
-    asset_keys,
     build_commit_assets,
-    group_of,
     single_run_policy,
 )
+from idem_platform.defs.connector.names import asset_keys, group_of
 from idem_platform.defs.filedrop.partitions import path_for_partition
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import PostgresResource, SparkResource

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dagster as dg
 
 from idem_platform.config import ConnectorConfig, IdemConfig
-from idem_platform.defs.connector.assets import asset_keys, job_name
 from idem_platform.defs.connector.checks import build_checks
+from idem_platform.defs.connector.names import asset_keys, job_name
 from idem_platform.defs.filedrop.assets import build_filedrop_assets
 from idem_platform.defs.filedrop.partitions import partitions_for
 from idem_platform.defs.filedrop.sensors import build_filedrop_sensor

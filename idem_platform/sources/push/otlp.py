@@ -12,7 +12,7 @@ batch must produce the *same bytes* again or it would write twice. Everything
 here is therefore deterministic: the same request gives byte-identical
 :func:`to_ndjson` output, whichever of the two encodings carried it.
 
-Record shape (one per ``LogRecord``; the ten :data:`LOG_COLUMNS` are always present):
+Record shape (one per ``LogRecord``; the ten :data:`~idem_platform.contract.otlp_logs.LOG_COLUMNS` are always present):
 
 * ``time``, ``observed_time``: epoch nanoseconds (integer, exact), ``null`` when 0
   (OTLP's "unknown"). A value past the ``timestamp`` column's range (year 2262)
@@ -77,27 +77,6 @@ from idem_platform.contract.canonical import has_nul
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 ACCEPTED_MEDIA_TYPES = (PROTOBUF, JSON)
-
-DEFAULT_LOG_RECORD_TYPE = "log"
-"""The record type OTLP log records land as unless the connector's config names another."""
-
-LOG_COLUMNS: dict[str, str] = {
-    "time": "timestamp",
-    "observed_time": "timestamp",
-    "severity_number": "int",
-    "severity_text": "string",
-    "body": "dynamic",
-    "attributes": "dynamic",
-    "resource": "dynamic",
-    "scope": "dynamic",
-    "trace_id": "string",
-    "span_id": "string",
-}
-"""The ``log`` record type's table spec (column -> catalog type), for the config to inject.
-
-Every record carries these ten keys; the optional extras (``event_name``,
-``flags``, ``dropped_attributes_count``) appear only when set.
-"""
 
 MAX_PROBLEMS = 5
 """How many rejection reasons :class:`DecodedLogs` keeps: enough to diagnose, bounded per request."""
