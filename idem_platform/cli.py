@@ -224,6 +224,7 @@ def use_spark_server(config: IdemConfig) -> str | None:
             )
         return None
     os.environ[SPARK_REMOTE_ENV] = state.url
+    remember_url(state.url)  # its token: no message may show it
     _spark_choice[0] = state.url
     return state.url
 
@@ -1068,6 +1069,7 @@ def _fail(line: str, trace: str | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     remember_url(os.environ.get(POSTGRES_URL_ENV))  # no message below may show its password
+    remember_url(os.environ.get(SPARK_REMOTE_ENV))  # nor a Spark Connect server's token
     args = parser().parse_args(argv)
     verbose = bool(getattr(args, "verbose", False))
     try:

@@ -29,12 +29,21 @@ from idem_platform_tests.conftest import cli_env, idem_command
 pytestmark = pytest.mark.slow
 
 
+# Credentials in the environment of whoever starts the server: its workers must not see them.
+SECRET_PASSWORD = "pw-the-workers-must-not-see"
+STARTERS_SECRETS = {
+    "IDEM_POSTGRES_URL": f"postgresql://idem:{SECRET_PASSWORD}@127.0.0.1:5432/idem",
+    "PGPASSWORD": SECRET_PASSWORD,
+    "SOME_DATABASE": f"postgresql://app:{SECRET_PASSWORD}@db.example/app",
+}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     directory = tmp_path_factory.mktemp("spark-connect")
     started = subprocess.run(
         idem_command("spark", "start", "--dir", str(directory), "--master", "local[2]"),
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env={**os.environ, **STARTERS_SECRETS},
     )
     assert started.returncode == 0, started.stderr[-3000:]
     state = json.loads(started.stdout.strip().splitlines()[-1])
@@ -61,11 +70,111 @@ def test_status_reports_the_running_server(server: dict[str, object]) -> None:
     status = subprocess.run(idem_command("spark", "status", "--dir", str(server["dir"])), capture_output=True, text=True, timeout=60)
     report = json.loads(status.stdout.strip().splitlines()[-1])
     assert report["running"] is True and report["url"] == server["url"]
-    assert str(server["url"]).startswith("sc://127.0.0.1:") and ";session_id=" in str(server["url"])
+    assert str(server["url"]).startswith("sc://localhost:") and ";session_id=" in str(server["url"])
     # A long-lived server keeps the full JIT (C2): its JVM turns every row of the runs' Arrow
     # batches into Spark rows; a run's own short-lived session starts with C1 only.
     command_line = Path(f"/proc/{server['pid']}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     assert "SparkConnectServer" in command_line and DRIVER_JIT_OPTION not in command_line
+
+
+def _listening(pids: list[int]) -> dict[int, str]:
+    """The TCP ports ``pids`` listen on, each with its local address (an IPv4-mapped IPv6
+    address as its IPv4 one)."""
+    import ipaddress
+
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    found = {}
+    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)
+            # /proc prints each 32-bit word in host (little-endian) order.
+            packed = b"".join(raw[i : i + 4][::-1] for i in range(0, width, 4))
+            ip = ipaddress.ip_address(packed)
+            found[int(port, 16)] = str(getattr(ip, "ipv4_mapped", None) or ip)
+    return found
+
+
+def test_the_server_listens_on_loopback_only_and_keeps_its_token_private(server: dict[str, object]) -> None:
+    """Whoever reaches the server runs code as its user: its gRPC port, the driver's RPC and
+    block-manager ports and its Python daemon listen on 127.0.0.1 only; its URL (with the
+    token) is in a 0600 file of a 0700 directory, and the token is on no command line."""
+    pid = int(server["pid"])  # type: ignore[arg-type]
+    ports = _listening([pid, *_children(pid)])
+    assert int(server["port"]) in ports and len(ports) >= 3, ports  # type: ignore[arg-type]
+    assert all(a in ("127.0.0.1", "::1") for a in ports.values()), ports
+    directory = Path(str(server["dir"]))
+    assert directory.stat().st_mode & 0o777 == 0o700
+    for name in ("connect.json", "connect.log", "secret.conf"):
+        assert (directory / name).stat().st_mode & 0o777 == 0o600, name
+    token = str(server["url"]).split(";token=")[1].split(";")[0]
+    assert len(token) >= 32
+    for process in [pid, *_children(pid)]:
+        assert token.encode() not in _command(process)
+        assert token.encode() not in Path(f"/proc/{process}/environ").read_bytes()
+
+
+WORKER_PROBE = """
+import json, os, sys
+from pyspark.sql import SparkSession
+
+def refused(url):
+    session = SparkSession.builder.remote(url).create()  # a session of its own, not the default one
+    try:
+        session.range(1).count()
+    except Exception as exc:
+        return "UNAUTHENTICATED" in str(exc)
+    finally:
+        try:
+            session.stop()
+        except Exception:
+            pass
+    return False
+
+port = sys.argv[2]
+without = refused(f"sc://127.0.0.1:{port}/")
+wrong = refused(f"sc://localhost:{port}/;token=not-the-token")
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+
+def environ(batches):
+    import os
+    import pyarrow as pa
+    for _ in batches:
+        yield pa.RecordBatch.from_arrays([pa.array([json.dumps(dict(os.environ))])], names=["env"])
+
+seen = spark.range(0, 2, 1, 2).mapInArrow(environ, "env string").collect()
+print(json.dumps({"without": without, "wrong": wrong, "envs": [json.loads(r.env) for r in seen]}))
+"""
+
+
+def test_a_client_needs_the_token_and_workers_see_no_credentials(server: dict[str, object]) -> None:
+    """A client without the server's token (or with another) is refused; one with it runs a
+    job whose workers' environment holds none of the starter's credentials, nor the token."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_AUTHENTICATE_TOKEN", "IDEM_SPARK_REMOTE")}
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_PROBE, str(server["url"]), str(server["port"])],
+        capture_output=True, text=True, timeout=180, env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["without"] is True and report["wrong"] is True
+    token = str(server["url"]).split(";token=")[1].split(";")[0]
+    assert report["envs"] and all("PYTHONPATH" in e or "PATH" in e for e in report["envs"])
+    for worker_env in report["envs"]:
+        assert "IDEM_POSTGRES_URL" not in worker_env and "PGPASSWORD" not in worker_env
+        text = json.dumps(worker_env)
+        assert SECRET_PASSWORD not in text and token not in text
 
 
 def test_the_servers_python_workers_fork_from_a_daemon_that_imported_the_staging_path(server: dict[str, object]) -> None:
@@ -306,3 +415,11 @@ def test_a_server_whose_python_workers_cannot_start_is_stopped_and_not_started_a
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert marker.exists(), "runs never try the server again"
+
+
+def test_a_connect_urls_token_is_masked_and_scrubbed() -> None:
+    from idem_platform.redact import masked, url_secrets
+
+    url = "sc://localhost:15002/;token=s3cr3t-token;session_id=abc"
+    assert masked(url) == "sc://localhost:15002/;token=***;session_id=abc"
+    assert url_secrets(url) == {"s3cr3t-token"}

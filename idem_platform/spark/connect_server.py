@@ -7,10 +7,20 @@ before it reads a line: most of a small file's time. A Spark Connect server
 warm between runs; a run connects in well under a second.
 
 The server is PySpark's own (``SparkConnectServer`` through ``spark-submit``),
-bound to 127.0.0.1 and started with idem's session defaults and the Python of
-this environment, so its Python workers import ``idem_platform`` like the local
-session's do. Its state (URL, pid, master, log) lives in a directory, by default
-``.idem/spark`` beside the embedded PostgreSQL. ``idem dev`` starts it for the
+started with idem's session defaults and the Python of this environment, so its
+Python workers import ``idem_platform`` like the local session's do. Its state
+(URL, pid, master, log) lives in a directory, by default ``.idem/spark`` beside the
+embedded PostgreSQL.
+
+Whoever can talk to the server runs code as its user in its Python workers, so:
+it listens on 127.0.0.1 only (gRPC, and with a local master the driver's RPC and
+block-manager ports too, with ``spark.authenticate`` on); it refuses any client
+without its token (``spark.connect.authenticate.token``, handed to the JVM in a
+properties file only its owner can read: never on a command line or in an
+environment its workers inherit); its URL, which carries the token
+(``sc://localhost:PORT/;token=...``), is kept in a 0600 file of a 0700 directory;
+and it starts without idem's credentials in its environment (``IDEM_POSTGRES_URL``
+with its password...): the staging jobs carry the URL they need in their closures. ``idem dev`` starts it for the
 code location's runs; any run uses it when ``IDEM_SPARK_REMOTE`` (or
 ``spark.conf: {spark.remote: sc://...}`` in ``idem.yaml``) names it. The server's
 own master may be any master (``--master spark://...``): executors then run on
@@ -29,12 +39,15 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,6 +56,9 @@ from idem_platform.errors import ConfigError
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DAEMON_MODULE = "idem_platform.spark.daemon"  # the server's Python worker daemon (local masters)
 STATE_FILE = "connect.json"
+SECRET_CONF_FILE = "secret.conf"  # the server's token, as a spark-submit properties file
+TOKEN_CONF = "spark.connect.authenticate.token"
+LOOPBACK = "127.0.0.1"
 FAILED_FILE = "failed.json"
 # After a server failed to start, runs of the same code and settings do not start another
 # one in the background for this long (each try is a JVM start: ~10-30 CPU-seconds).
@@ -133,43 +149,53 @@ def start(
     """
     from idem_platform.spark.session import DEFAULT_CONF, driver_java_options, is_local_master
 
-    directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = private_directory(directory)
     existing = running(directory)
     if existing is not None:
         return existing
     port = port or _free_port()
     settings = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.master"}
     settings.update(conf or {})
-    settings["spark.connect.grpc.binding.address"] = "127.0.0.1"
+    settings.pop(TOKEN_CONF, None)  # the token goes in the private properties file, not on the command line
+    settings["spark.connect.grpc.binding.address"] = LOOPBACK
     settings.setdefault("spark.sql.artifact.isolation.enabled", "false")  # no per-session worker environments
     settings["spark.connect.grpc.binding.port"] = str(port)
     settings.setdefault("spark.connect.session.manager.defaultSessionTimeout", SESSION_TIMEOUT)
     settings.setdefault("spark.ui.enabled", "false")
     if is_local_master(master):  # workers on this machine, in this environment: see spark/daemon.py
         settings.setdefault("spark.python.daemon.module", DAEMON_MODULE)
+        # Executors live in the driver's JVM: nothing needs its RPC or block-manager ports
+        # from outside this machine (a cluster master's executors do, so those stay as set).
+        settings.update({"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK, "spark.authenticate": "true"})
+    token = secrets.token_urlsafe(32)
+    secret_conf = directory / SECRET_CONF_FILE
+    write_private(secret_conf, f"{TOKEN_CONF} {token}\n")
     options = driver_java_options(settings.get("spark.driver.extraJavaOptions"), long_lived=True)
     if options:
         settings["spark.driver.extraJavaOptions"] = options
     home = spark_home()
-    command = [str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master, "--name", "idem Spark Connect"]
+    command = [
+        str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master, "--name", "idem Spark Connect",
+        "--properties-file", str(secret_conf),
+    ]
     for key, value in sorted(settings.items()):
         command += ["--conf", f"{key}={value}"]
     command.append("spark-internal")
     env = {
-        **os.environ,
+        **server_environment(os.environ),
         "SPARK_HOME": str(home),
         "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
         "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
     }
     log = directory / "connect.log"
-    with open(log, "ab") as out:
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
             cwd=directory, start_new_session=True,  # outlives the command that started it
         )
     state = ServerState(
-        url=f"sc://127.0.0.1:{port}/;session_id={uuid.uuid4()}", pid=process.pid, port=port, master=master, log=str(log),
+        # "localhost", not 127.0.0.1: PySpark sends a token without TLS only to a host of that name.
+        url=f"sc://localhost:{port}/;token={token};session_id={uuid.uuid4()}", pid=process.pid, port=port, master=master, log=str(log),
         started_at=time.time(), fingerprint=fingerprint(master, conf or {}), auto=auto,
     )
     try:
@@ -183,8 +209,45 @@ def start(
             _record_failure(directory, state, exc)
         raise
     (directory / FAILED_FILE).unlink(missing_ok=True)
-    (directory / STATE_FILE).write_text(json.dumps(asdict(state)))
+    write_private(directory / STATE_FILE, json.dumps(asdict(state)))
     return state
+
+
+def private_directory(directory: Path) -> Path:
+    """``directory`` resolved, created if need be, and made 0700: it holds the server's token."""
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(directory, 0o700)
+    return directory
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` as a 0600 file, atomically (a reader never sees half of it, nor a
+    moment where it is readable by others)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(partial, path)
+
+
+# Environment variables the server's JVM and Python workers must not inherit: idem's and
+# libpq's credentials, any variable named like a secret, and any whose value is a URL
+# with a password. The staging jobs carry the PostgreSQL URL they need in their closures.
+_SECRET_NAME = re.compile(r"^(IDEM_POSTGRES_URL|IDEM_SPARK_REMOTE|PGPASSWORD|PGPASSFILE|DATABASE_URL)|PASSWORD|SECRET|TOKEN|CREDENTIAL")
+
+
+def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less what the server's workers (any client's code) must not read."""
+    from idem_platform.redact import url_secrets
+
+    return {
+        name: value for name, value in environ.items()
+        if not _SECRET_NAME.search(name.upper()) and not url_secrets(value)
+    }
 
 
 def _wait_until_ready(process: subprocess.Popen[bytes], state: ServerState, log: Path, timeout: float) -> None:
@@ -299,8 +362,7 @@ def ensure(
     Raises:
         ConfigError: the server did not start (``wait`` only; its log's end is in the message).
     """
-    directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = private_directory(directory)
     wanted = fingerprint(master, conf or {})
     with open(directory / "start.lock", "a") as start_lock:
         try:
@@ -338,8 +400,7 @@ def start_locked(
 ) -> ServerState:
     """:func:`start` under ``start.lock`` (``idem spark start``, and the background start of
     :func:`ensure`): the server running there already, if any, else a new one."""
-    directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = private_directory(directory)
     with open(directory / "start.lock", "a") as start_lock:
         fcntl.flock(start_lock, fcntl.LOCK_EX)
         return start(directory, master=master, conf=conf, port=port, auto=auto)
