@@ -9,7 +9,6 @@ whole process, which the rest of this test session must not be.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -154,7 +153,8 @@ def environ(batches):
         yield pa.RecordBatch.from_arrays([pa.array([json.dumps(dict(os.environ))])], names=["env"])
 
 seen = spark.range(0, 2, 1, 2).mapInArrow(environ, "env string").collect()
-print(json.dumps({"without": without, "wrong": wrong, "envs": [json.loads(r.env) for r in seen]}))
+timeout = spark.conf.get("spark.connect.session.manager.defaultSessionTimeout")
+print(json.dumps({"without": without, "wrong": wrong, "envs": [json.loads(r.env) for r in seen], "timeout": timeout}))
 """
 
 
@@ -169,6 +169,8 @@ def test_a_client_needs_the_token_and_workers_see_no_credentials(server: dict[st
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["without"] is True and report["wrong"] is True
+    # Runs share the server's one session: it must outlive Spark Connect's 60-minute idle default.
+    assert report["timeout"] == "3650d"
     token = str(server["url"]).split(";token=")[1].split(";")[0]
     assert report["envs"] and all("PYTHONPATH" in e or "PATH" in e for e in report["envs"])
     for worker_env in report["envs"]:
@@ -257,10 +259,6 @@ def test_runs_on_the_server_commit_exactly_once(server: dict[str, object], pg_ur
     assert ledger is not None and ledger[0] == 4  # one row per file key
 
 
-def _state(directory: Path) -> dict[str, object]:
-    return json.loads((directory / "connect.json").read_text())
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -269,101 +267,111 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _wait_for_server(directory: Path, other_than: object = None, timeout: float = 240.0) -> dict[str, object]:
-    """The server a background start brings up in ``directory`` (not ``other_than``'s pid)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            state = _state(directory)
-        except (OSError, ValueError):
-            state = None
-        if state is not None and state["pid"] != other_than and _alive(int(state["pid"])):  # type: ignore[arg-type]
-            return state
-        time.sleep(1)
-    log = directory / "starter.log"
-    raise AssertionError(f"no server came up in {directory}: {log.read_text()[-2000:] if log.exists() else '(no log)'}")
+def _spark_start(directory: Path, *extra: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    started = subprocess.run(
+        idem_command("spark", "start", "--dir", str(directory), *extra), capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert started.returncode == 0, started.stderr[-3000:]
+    return json.loads(started.stdout.strip().splitlines()[-1])
 
 
-def test_ingest_starts_a_server_for_later_runs_which_reuse_it_and_a_stale_one_is_replaced_when_unused(
+def test_ingest_leaves_no_server_behind_and_uses_the_one_a_person_started(
     pg_url: str, tmp_path: Path, threatfeed: IdemConfig
 ) -> None:
-    """``spark.server: auto`` (the default outside tests): the first ``idem ingest`` runs Spark
-    itself and starts the server under ``<idem home>/spark`` in the background; the next run
-    connects to it; a server started for other code (its fingerprint differs) is replaced,
-    unless another process is using it: then runs start Spark themselves and leave it be."""
+    """``spark.server: auto`` (the default outside tests): a one-off ``idem ingest`` runs Spark
+    in its own process and leaves nothing running (before, each one from a new directory
+    started a server in the background that ran on for good); once ``idem spark start`` has
+    started the server under ``<idem home>/spark``, runs connect to it; a server started for
+    other code (its fingerprint differs) is not used, and left to the person who started it."""
     connector = threatfeed.connector("threatfeed")
     assert connector.path is not None
     home = tmp_path / "idem-home"
     directory = home / "spark"
     env = {**cli_env(pg_url, tmp_path, threatfeed), "IDEM_SPARK_SERVER": "auto", "IDEM_HOME": str(home)}
     env.pop("IDEM_SPARK_REMOTE", None)
-    lines = list(threatfeed_lines(400, seed=31, duplicate_ratio=0.0))
-    paths = [write_lines(connector.path / f"auto-{i}.ndjson", lines[i::4]) for i in range(4)]
-    state: dict[str, object] = {}
+    lines = list(threatfeed_lines(300, seed=31, duplicate_ratio=0.0))
+    paths = [write_lines(connector.path / f"auto-{i}.ndjson", lines[i::3]) for i in range(3)]
+    state: dict[str, object] = {"pid": 0}
     try:
         first = _ingest(env, paths[0])
-        assert first["spark"] == "local[2]"  # no server yet: this run did not wait for one
-        state = _wait_for_server(directory)
-        assert state["auto"] is True and state["master"] == "local[2]"
+        assert first["spark"] == "local[2]"
+        time.sleep(5)  # a background start would have its JVM by now
+        assert not (directory / "connect.json").exists() and _java_processes_in(directory) == []
+        state = _spark_start(directory, "--master", "local[2]", env=env)
         second = _ingest(env, paths[1])
-        assert second["spark"] == str(state["url"]).split(";")[0]  # on the server
-        assert _state(directory)["pid"] == state["pid"]
-        # Started for other code: replaced in the background; this run goes without it.
-        (directory / "connect.json").write_text(json.dumps({**state, "fingerprint": "other-code"}))
+        assert second["spark"] == str(state["url"]).split(";")[0]  # on the server, its token not shown
+        # Started for other code: not used, and not stopped either (a person started it).
+        recorded = json.loads((directory / "connect.json").read_text())
+        (directory / "connect.json").write_text(json.dumps({**recorded, "fingerprint": "other-code"}))
         third = _ingest(env, paths[2])
-        assert third["spark"] == "local[2]" and not _alive(int(state["pid"]))  # type: ignore[arg-type]
-        replaced = _wait_for_server(directory, other_than=state["pid"])
-        assert replaced["fingerprint"] == state["fingerprint"]
-        state = replaced
-        # Stale again, but in use by another process (this one): left running; runs go without it.
-        (directory / "connect.json").write_text(json.dumps({**replaced, "fingerprint": "other-code"}))
-        with open(directory / "use.lock", "a") as use:
-            fcntl.flock(use, fcntl.LOCK_SH)
-            fourth = _ingest(env, paths[3])
-        assert fourth["spark"] == "local[2]"
-        assert _state(directory)["pid"] == replaced["pid"] and _alive(int(replaced["pid"]))  # type: ignore[arg-type]
-        written = [s["rows_written"] for s in (first, second, third, fourth)]
+        assert third["spark"] == "local[2]" and _alive(int(state["pid"]))  # type: ignore[arg-type]
+        written = [s["rows_written"] for s in (first, second, third)]
         assert sum(written) == _rows(pg_url) == len(lines) and all(w > 0 for w in written)  # type: ignore[operator]
-        # Runs share the server's one session: it must outlive Spark Connect's 60-minute idle default.
-        probe = subprocess.run(
-            [sys.executable, "-c", "import sys; from pyspark.sql import SparkSession; "
-             "s = SparkSession.builder.remote(sys.argv[1]).getOrCreate(); "
-             "print(s.conf.get('spark.connect.session.manager.defaultSessionTimeout'))", str(replaced["url"])],
-            capture_output=True, text=True, timeout=120,
-        )
-        assert probe.stdout.strip().splitlines()[-1] == "3650d", probe.stderr[-2000:]
     finally:
         subprocess.run(idem_command("spark", "stop", "--dir", str(directory)), capture_output=True, timeout=120)
     assert not _alive(int(state["pid"]))  # type: ignore[arg-type]
 
 
-def test_a_process_that_started_spark_itself_stays_on_it_when_the_server_comes_up(tmp_path: Path, threatfeed: IdemConfig) -> None:
-    """``idem demo`` runs several ingests in one process: the first finds no server (and starts
-    one in the background), so that process keeps its own Spark even once the server answers
-    (PySpark cannot mix a classic session and a Connect one in a process)."""
+def test_a_stop_during_a_start_stops_the_server_being_started(tmp_path: Path) -> None:
+    """``idem spark stop`` while ``idem spark start`` is under way stops the server being
+    started (the start then fails, saying so). Before, the stop found no server, said
+    ``stopped: false``, and the server came up after it and stayed."""
+    directory = tmp_path / "spark"
+    env = {k: v for k, v in os.environ.items() if k not in ("IDEM_CONFIG", "IDEM_SPARK_REMOTE")}
+    starting = subprocess.Popen(
+        idem_command("spark", "start", "--dir", str(directory), "--master", "local[1]"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _java_processes_in(directory) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _java_processes_in(directory), "the start never got as far as its JVM"
+        stopped = subprocess.run(idem_command("spark", "stop", "--dir", str(directory)), capture_output=True, text=True, timeout=150)
+        assert json.loads(stopped.stdout.strip().splitlines()[-1])["stopped"] is True, stopped.stderr[-2000:]
+        _, err = starting.communicate(timeout=150)
+        assert starting.returncode != 0
+        assert err.strip().splitlines()[-1].startswith("idem: error: the Spark Connect server was stopped while it started"), err[-2000:]
+        time.sleep(3)
+        assert _java_processes_in(directory) == [] and not (directory / "connect.json").exists()
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+        subprocess.run(idem_command("spark", "stop", "--dir", str(directory)), capture_output=True, timeout=150)
+
+
+def test_a_process_that_started_spark_itself_stays_on_it_when_the_server_comes_up(
+    tmp_path: Path, threatfeed: IdemConfig
+) -> None:
+    """``idem demo`` runs several ingests in one process: the first finds no server, so that
+    process keeps its own Spark even once a server answers (PySpark cannot mix a classic
+    session and a Connect one in a process)."""
     home = tmp_path / "idem-home"
     code = (
-        "import sys, time\n"
+        "import sys\n"
         "from idem_platform.cli import use_spark_server\n"
         "from idem_platform.config import load_config\n"
-        "from idem_platform.spark.connect_server import running\n"
         "config = load_config(sys.argv[1])\n"
         "first = use_spark_server(config)\n"
-        "deadline = time.monotonic() + 240\n"
-        "while running(__import__('pathlib').Path(sys.argv[2])) is None and time.monotonic() < deadline:\n"
-        "    time.sleep(1)\n"
-        "print(first, use_spark_server(config), running(__import__('pathlib').Path(sys.argv[2])) is not None)\n"
+        "print('asked', flush=True)\n"
+        "sys.stdin.readline()\n"  # the server is up now
+        "print(first, use_spark_server(config), flush=True)\n"
     )
     env = {**os.environ, "IDEM_SPARK_SERVER": "auto", "IDEM_HOME": str(home), "IDEM_SPARK_MASTER": "local[2]"}
     env.pop("IDEM_SPARK_REMOTE", None)
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(threatfeed.source)],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", code, str(threatfeed.source), str(home / "spark")],
-            env=env, capture_output=True, text=True, timeout=300,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert done.stdout.strip().splitlines()[-1] == "None None True"
+        assert process.stdout is not None and process.stdout.readline().strip() == "asked"
+        _spark_start(home / "spark", "--config", str(threatfeed.source), env=env)
+        out, err = process.communicate("go\n", timeout=120)
+        assert process.returncode == 0, err[-3000:]
+        assert out.strip().splitlines()[-1] == "None None"
     finally:
+        if process.poll() is None:
+            process.kill()
         subprocess.run(idem_command("spark", "stop", "--dir", str(home / "spark")), capture_output=True, timeout=120)
 
 
@@ -380,13 +388,10 @@ def _java_processes_in(directory: Path) -> list[int]:
     return found
 
 
-def test_a_server_whose_python_workers_cannot_start_is_stopped_and_not_started_again_at_once(tmp_path: Path) -> None:
+def test_a_server_whose_python_workers_cannot_start_is_stopped(tmp_path: Path) -> None:
     """A server whose Python workers cannot start (here a worker Python that exits at once) is
-    stopped by the start that found out, and recorded: runs of the same code and settings start
-    no other one in the background until the retry delay has passed. Before, the JVM stayed up
-    with nothing recording it, and every later run started one more."""
-    from idem_platform.spark import connect_server
-
+    stopped by the start that found out, and nothing records it as running. Before, the JVM
+    stayed up with nothing recording it."""
     directory = tmp_path / "spark"
     env = {**os.environ, "PYSPARK_PYTHON": "/bin/false"}
     for name in ("IDEM_CONFIG", "IDEM_SPARK_REMOTE"):
@@ -397,24 +402,8 @@ def test_a_server_whose_python_workers_cannot_start_is_stopped_and_not_started_a
     )
     assert started.returncode != 0, started.stdout[-2000:]
     assert "its Python workers did not" in started.stderr, started.stderr[-3000:]
-    failure = json.loads((directory / "failed.json").read_text())
-    assert not _alive(int(failure["pid"]))
     assert _java_processes_in(directory) == []
     assert not (directory / "connect.json").exists()
-
-    marker = tmp_path / "starter-ran"
-    starter = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
-    assert connect_server.ensure(directory, master="local[1]", conf={}, starter=starter) is None
-    time.sleep(3)
-    assert not marker.exists(), "a run started another server right after one failed"
-
-    failure["at"] -= connect_server.RETRY_AFTER_SECONDS
-    (directory / "failed.json").write_text(json.dumps(failure))
-    assert connect_server.ensure(directory, master="local[1]", conf={}, starter=starter) is None
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert marker.exists(), "runs never try the server again"
 
 
 def test_a_connect_urls_token_is_masked_and_scrubbed() -> None:
