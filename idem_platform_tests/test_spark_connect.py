@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.spark.session import DRIVER_JIT_OPTION, driver_java_options
-from idem_platform_tests.conftest import cli_env, idem_command
+from idem_platform_tests.conftest import cli_env, idem_command, wait_until_staging
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +84,11 @@ def _listening(pids: list[int]) -> dict[int, str]:
 
     inodes = set()
     for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue  # a Python worker that ended meanwhile
+        for fd in fds:
             try:
                 target = os.readlink(fd)
             except OSError:
@@ -121,7 +126,11 @@ def test_the_server_listens_on_loopback_only_and_keeps_its_token_private(server:
     assert len(token) >= 32
     for process in [pid, *_children(pid)]:
         assert token.encode() not in _command(process)
-        assert token.encode() not in Path(f"/proc/{process}/environ").read_bytes()
+        try:
+            environ = Path(f"/proc/{process}/environ").read_bytes()
+        except OSError:
+            continue  # a Python worker that ended meanwhile
+        assert token.encode() not in environ
 
 
 WORKER_PROBE = """
@@ -412,3 +421,48 @@ def test_a_connect_urls_token_is_masked_and_scrubbed() -> None:
     url = "sc://localhost:15002/;token=s3cr3t-token;session_id=abc"
     assert masked(url) == "sc://localhost:15002/;token=***;session_id=abc"
     assert url_secrets(url) == {"s3cr3t-token"}
+
+
+def test_an_ingest_whose_server_is_killed_fails_in_seconds_and_commits_nothing(
+    pg_url: str, tmp_path: Path, threatfeed: IdemConfig
+) -> None:
+    """``kill -9`` of the Spark Connect server while a run stages: the run fails within
+    seconds with one line and rolls back (no ``idle in transaction`` session left, no rows).
+    Before, PySpark's client retried the dead server for ~10 minutes, then again to cancel
+    the jobs: the run hung ~21 minutes holding its PostgreSQL transaction open."""
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    directory = tmp_path / "spark"
+    env = cli_env(pg_url, tmp_path, threatfeed)
+    state = _spark_start(directory, "--master", "local[2]", env=env)
+    env["IDEM_SPARK_REMOTE"] = str(state["url"])
+    path = write_lines(connector.path / "big.ndjson", list(threatfeed_lines(300_000, seed=41, duplicate_ratio=0.0)))
+    ingest = subprocess.Popen(
+        idem_command("ingest", "--json", str(path)), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_until_staging(pg_url, ingest)
+        os.kill(int(state["pid"]), signal.SIGKILL)  # type: ignore[arg-type]
+        killed = time.monotonic()
+        _, err = ingest.communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        if ingest.poll() is None:
+            ingest.kill()
+        try:
+            os.killpg(int(state["pid"]), signal.SIGKILL)  # type: ignore[arg-type]  # its Python workers, if any are left
+        except ProcessLookupError:
+            pass
+        subprocess.run(idem_command("spark", "stop", "--dir", str(directory)), capture_output=True, timeout=120)
+    assert ingest.returncode != 0
+    assert took < 30, f"the run took {took:.0f} s to fail after its server was killed"
+    last = err.strip().splitlines()[-1]
+    print(f"failed {took:.1f} s after the kill: {last}")
+    assert last.startswith("idem: error:") and "the Spark Connect server stopped answering" in last, err[-3000:]
+    with connect(pg_url) as conn:
+        sessions = conn.execute(
+            "SELECT application_name, state FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+        committed = conn.execute("SELECT count(*) FROM idem.ingest_ledger WHERE status = 'committed'").fetchone()
+    assert not [s for s in sessions if s[1] and s[1].startswith("idle in transaction")], sessions
+    assert committed is not None and committed[0] == 0 and _rows(pg_url) == 0
