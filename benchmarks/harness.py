@@ -197,8 +197,9 @@ def environment(url: str, home: Path, master: str, spark_server: str = "off") ->
     files under ``home``.
 
     ``spark_server``: ``auto`` runs as ``idem ingest`` does by default, on the long-lived
-    Spark Connect server of ``<home>/../idem_home/spark`` (started by the first run that
-    needs it, stopped by :func:`stop_spark_server`); ``off`` starts a JVM in every run.
+    Spark Connect server of ``<home>/../idem_home/spark`` when one is up (started by
+    :func:`start_spark_server_for`, stopped by :func:`stop_spark_server`: no run starts
+    one); ``off`` starts a JVM in every run.
     """
     env = {
         **os.environ, "IDEM_POSTGRES_URL": url, "IDEM_SPARK_MASTER": master, "DAGSTER_HOME": str(home),
@@ -222,26 +223,24 @@ def idem_home_for(home: Path) -> Path:
     return home.parent / "idem_home"
 
 
-def wait_for_spark_server(home: Path, timeout: float = 300.0) -> float:
-    """``time.monotonic()`` once the server of ``spark_server="auto"`` answers (a run starts it
-    in the background).
+def start_spark_server_for(home: Path, master: str, config: Path, env: dict[str, str]) -> float:
+    """Start the Spark Connect server that runs of ``spark_server="auto"`` use (``idem spark
+    start``, as a person does: no run starts one); ``time.monotonic()`` once it answers.
 
     Raises:
-        SetupError: it did not come up within ``timeout``.
+        SetupError: it did not start.
     """
-    from idem_platform.spark.connect_server import running
-
     directory = idem_home_for(home) / "spark"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if running(directory) is not None:
-            return time.monotonic()
-        time.sleep(0.5)
-    raise SetupError(f"the Spark Connect server in {directory} did not come up within {timeout:.0f} s")
+    command = [sys.executable, "-m", "idem_platform.cli", "spark", "start", "--dir", str(directory),
+               "--master", master, "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+    if done.returncode != 0:
+        raise SetupError(f"the Spark Connect server in {directory} did not start: {done.stderr.strip()[-1000:]}")
+    return time.monotonic()
 
 
 def stop_spark_server(home: Path) -> None:
-    """Stop the Spark Connect server runs of ``spark_server="auto"`` started (if any)."""
+    """Stop the Spark Connect server :func:`start_spark_server_for` started (if any)."""
     directory = idem_home_for(home) / "spark"
     if (directory / "connect.json").exists():
         subprocess.run([sys.executable, "-m", "idem_platform.cli", "spark", "stop", "--dir", str(directory)],

@@ -188,13 +188,14 @@ def _import_run_modules() -> None:
 
 def use_spark_server(config: IdemConfig) -> str | None:
     """With ``spark.server: auto`` (the default) and no server named, run on the long-lived
-    Spark Connect server under ``<idem home>/spark`` if it is up (its URL goes to
-    ``IDEM_SPARK_REMOTE`` for this process). ``None``: Spark starts in this process.
+    Spark Connect server under ``<idem home>/spark`` if one is up for this code and these
+    settings (its URL goes to ``IDEM_SPARK_REMOTE`` for this process). ``None``: Spark
+    starts in this process.
 
-    A run that finds no server starts one in the background for the runs after it (a
-    JVM and warm Python workers: ~30 s on a 2-core machine) and goes on without it, so
-    no run waits longer than it would without a server; later runs connect in well
-    under a second instead of starting a JVM (~7 s).
+    No run starts a server: one is up only when someone asked for it (``idem spark
+    start``, ``idem dev``), and stays up until ``idem spark stop`` (or the end of ``idem
+    dev``). Before, every run that found none started one in the background, and a
+    one-off ``idem ingest`` from a new directory left a JVM (~400 MB) running for good.
     """
     from idem_platform.spark import connect_server
     from idem_platform.spark.session import remote_url
@@ -204,29 +205,11 @@ def use_spark_server(config: IdemConfig) -> str | None:
     if _spark_choice:  # decided by this process's first run (`idem demo` runs three): a
         return _spark_choice[0]  # process that started Spark itself cannot switch to Connect
     _spark_choice.append(None)
-    master = config.spark_master()
-    directory = idem_home() / "spark"
-    starter = [sys.executable, "-m", "idem_platform.cli", "spark", "start", "--auto", "--dir", str(directory), "--master", master]
-    if config.source is not None:
-        starter += ["--config", str(config.source)]
-    state = connect_server.ensure(directory, master=master, conf=server_conf(config), starter=starter)
+    state = connect_server.ensure(idem_home() / "spark", master=config.spark_master(), conf=server_conf(config))
     if state is None:
-        failed = connect_server.recent_failure(directory, connect_server.fingerprint(master, server_conf(config)))
-        if failed is not None:
-            at = failed["at"]
-            assert isinstance(at, (int, float))  # recent_failure returns only a failure with a numeric "at"
-            sys.stderr.write(
-                f"the Spark Connect server in {directory} failed to start {time.time() - at:.0f} s ago "
-                f"({failed['error']}; log {failed['log']}); this run starts Spark itself, and runs try the server "
-                f"again {connect_server.RETRY_AFTER_SECONDS / 60:.0f} minutes after the failure (or: idem spark start)\n"
-            )
-        elif connect_server.running(directory) is None:
-            sys.stderr.write(
-                f"starting a Spark Connect server ({master}) in {directory} in the background for later runs "
-                "(idem spark stop stops it; spark.server: off runs without); this run starts Spark itself\n"
-            )
         return None
     os.environ[SPARK_REMOTE_ENV] = state.url
+    remember_url(state.url)  # its token: no message may show it
     _spark_choice[0] = state.url
     return state.url
 
@@ -775,8 +758,7 @@ def cmd_spark(args: argparse.Namespace) -> dict[str, Any] | None:
         conf = server_conf(config)
     else:
         conf = {}
-    # --auto: the background start of `spark.server: auto` (connect_server.ensure); runs may replace it.
-    state = connect_server.start_locked(directory, master=master, conf=conf, port=args.port, auto=args.auto)
+    state = connect_server.start_locked(directory, master=master, conf=conf, port=args.port)
     return {
         "running": True, **asdict_of(state),
         "use": f"export {SPARK_REMOTE_ENV}='{state.url}'  # runs and idem ingest then use this server",
@@ -970,7 +952,6 @@ def parser() -> argparse.ArgumentParser:
         if name == "start":
             sub.add_argument("--master", help="its Spark master (default: IDEM_SPARK_MASTER, idem.yaml, local[*])")
             sub.add_argument("--port", type=int, help="its port on 127.0.0.1 (default: a free one)")
-            sub.add_argument("--auto", action="store_true", help=argparse.SUPPRESS)  # started by a run: runs may replace it
         sub.set_defaults(func=cmd_spark)
     return top
 
@@ -1079,6 +1060,7 @@ def _fail(line: str, trace: str | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     remember_url(os.environ.get(POSTGRES_URL_ENV))  # no message below may show its password
+    remember_url(os.environ.get(SPARK_REMOTE_ENV))  # nor a Spark Connect server's token
     args = parser().parse_args(argv)
     verbose = bool(getattr(args, "verbose", False))
     try:

@@ -348,11 +348,12 @@ class SparkConfig(_Model):
     server: Literal["auto", "off"] = Field(
         "auto",
         description=(
-            "`idem ingest` (and `idem demo`): `auto` runs on a long-lived Spark Connect server under "
-            "<idem home>/spark with this master, starting it on first use (like the embedded PostgreSQL; "
-            "`idem spark stop` stops it), so later runs skip the JVM start; `off` starts Spark in each "
-            "run's own process. IDEM_SPARK_SERVER overrides; a named server (spark.conf's spark.remote, "
-            "IDEM_SPARK_REMOTE) is always used."
+            "`idem ingest` (and `idem demo`): `auto` runs on the long-lived Spark Connect server under "
+            "<idem home>/spark when one is up for this master, settings and code (`idem spark start` "
+            "starts it, `idem spark stop` stops it; `idem dev` runs one while it runs), so runs skip the "
+            "JVM start; no run starts one itself. `off` always starts Spark in each run's own process. "
+            "IDEM_SPARK_SERVER overrides; a named server (spark.conf's spark.remote, IDEM_SPARK_REMOTE) "
+            "is always used."
         ),
     )
 

@@ -34,7 +34,9 @@ _URL_PASSWORD = re.compile(r"(?P<head>^[A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:)(?P<se
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<secret>[^&#]*)", re.IGNORECASE)
 # password=secret or password='se cret' in a libpq key=value string.
 _DSN_PASSWORD = re.compile(r"(?P<head>(?:^|\s)password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s']\S*)", re.IGNORECASE)
-_URL_PATTERNS = (_URL_PASSWORD, _QUERY_PASSWORD, _DSN_PASSWORD)
+# ;token=secret in a Spark Connect URL (sc://localhost:15002/;token=...;session_id=...).
+_CONNECT_TOKEN = re.compile(r"(?P<head>;token=)(?P<secret>[^;]*)", re.IGNORECASE)
+_URL_PATTERNS = (_URL_PASSWORD, _QUERY_PASSWORD, _DSN_PASSWORD, _CONNECT_TOKEN)
 
 # librdkafka settings whose values are credentials (sasl.password, ssl.key.password,
 # ssl.keystore.password, sasl.oauthbearer.client.secret, ssl.key.pem, a bearer config).

@@ -7,10 +7,20 @@ before it reads a line: most of a small file's time. A Spark Connect server
 warm between runs; a run connects in well under a second.
 
 The server is PySpark's own (``SparkConnectServer`` through ``spark-submit``),
-bound to 127.0.0.1 and started with idem's session defaults and the Python of
-this environment, so its Python workers import ``idem_platform`` like the local
-session's do. Its state (URL, pid, master, log) lives in a directory, by default
-``.idem/spark`` beside the embedded PostgreSQL. ``idem dev`` starts it for the
+started with idem's session defaults and the Python of this environment, so its
+Python workers import ``idem_platform`` like the local session's do. Its state
+(URL, pid, master, log) lives in a directory, by default ``.idem/spark`` beside the
+embedded PostgreSQL.
+
+Whoever can talk to the server runs code as its user in its Python workers, so:
+it listens on 127.0.0.1 only (gRPC, and with a local master the driver's RPC and
+block-manager ports too, with ``spark.authenticate`` on); it refuses any client
+without its token (``spark.connect.authenticate.token``, handed to the JVM in a
+properties file only its owner can read: never on a command line or in an
+environment its workers inherit); its URL, which carries the token
+(``sc://localhost:PORT/;token=...``), is kept in a 0600 file of a 0700 directory;
+and it starts without idem's credentials in its environment (``IDEM_POSTGRES_URL``
+with its password...): the staging jobs carry the URL they need in their closures. ``idem dev`` starts it for the
 code location's runs; any run uses it when ``IDEM_SPARK_REMOTE`` (or
 ``spark.conf: {spark.remote: sc://...}`` in ``idem.yaml``) names it. The server's
 own master may be any master (``--master spark://...``): executors then run on
@@ -29,13 +39,16 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from idem_platform.errors import ConfigError
@@ -43,10 +56,9 @@ from idem_platform.errors import ConfigError
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DAEMON_MODULE = "idem_platform.spark.daemon"  # the server's Python worker daemon (local masters)
 STATE_FILE = "connect.json"
-FAILED_FILE = "failed.json"
-# After a server failed to start, runs of the same code and settings do not start another
-# one in the background for this long (each try is a JVM start: ~10-30 CPU-seconds).
-RETRY_AFTER_SECONDS = 600.0
+SECRET_CONF_FILE = "secret.conf"  # the server's token, as a spark-submit properties file
+TOKEN_CONF = "spark.connect.authenticate.token"
+LOOPBACK = "127.0.0.1"
 DEFAULT_DIR = Path(".idem") / "spark"
 START_TIMEOUT_SECONDS = 90.0
 # Runs share one server session (its id is in the URL). Spark Connect closes a session
@@ -67,7 +79,8 @@ class ServerState:
     log: str
     started_at: float
     fingerprint: str = ""  # what it was started with (master, settings, idem's code): see :func:`fingerprint`
-    auto: bool = False  # started by a run (spark.server: auto), not by `idem spark start`: runs may restart it
+    auto: bool = False  # started by `idem dev` (which may replace it), not by `idem spark start`
+    ready: bool = True  # False while it starts: recorded then so that `idem spark stop` finds it
 
     @property
     def alive(self) -> bool:
@@ -113,7 +126,7 @@ def read_state(directory: Path) -> ServerState | None:
 def running(directory: Path = DEFAULT_DIR) -> ServerState | None:
     """The server of ``directory`` if it is up and answering, else ``None``."""
     state = read_state(directory)
-    return state if state is not None and state.alive else None
+    return state if state is not None and state.ready and state.alive else None
 
 
 def start(
@@ -127,64 +140,136 @@ def start(
 ) -> ServerState:
     """Start the server (or return the one already running there) and wait until it answers.
 
+    Call it under ``start.lock`` (:func:`start_locked`): a server recorded as starting
+    whose start is not under way any more (its starter was killed) is stopped here.
+    The new server is recorded as starting (``ready: false``) as soon as it has a pid,
+    so ``idem spark stop`` finds and stops it while it starts.
+
     Raises:
-        ConfigError: it exited or did not answer within ``timeout`` (the message
-            carries the end of its log).
+        ConfigError: it exited, did not answer within ``timeout`` or was stopped while it
+            started (the message carries the end of its log).
     """
+    directory = private_directory(directory)
+    existing = read_state(directory)
+    if existing is not None and existing.ready and existing.alive:
+        return existing
+    if existing is not None:  # dead, or left starting by a starter that is gone
+        stop(directory, wait_for_start=False)
+    port = port or _free_port()
+    token = secrets.token_urlsafe(32)
+    secret_conf = directory / SECRET_CONF_FILE
+    write_private(secret_conf, f"{TOKEN_CONF} {token}\n")
+    home = spark_home()
+    command = [
+        str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master, "--name", "idem Spark Connect",
+        "--properties-file", str(secret_conf),
+    ]
+    for key, value in sorted(server_settings(master, port, conf or {}).items()):
+        command += ["--conf", f"{key}={value}"]
+    command.append("spark-internal")
+    env = {
+        **server_environment(os.environ),
+        "SPARK_HOME": str(home),
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+    }
+    log = directory / "connect.log"
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+            cwd=directory, start_new_session=True,  # outlives the command that started it
+        )
+    state = ServerState(
+        # "localhost", not 127.0.0.1: PySpark sends a token without TLS only to a host of that name.
+        url=f"sc://localhost:{port}/;token={token};session_id={uuid.uuid4()}", pid=process.pid, port=port, master=master, log=str(log),
+        started_at=time.time(), fingerprint=fingerprint(master, conf or {}), auto=auto, ready=False,
+    )
+    try:
+        write_private(directory / STATE_FILE, json.dumps(asdict(state)))
+        _wait_until_ready(process, state, log, timeout)
+    except BaseException as exc:
+        # A server that is not ready is of no use and would run on unnoticed: a server whose
+        # Python workers cannot start (a broken PYSPARK_PYTHON, a module the workers cannot
+        # import) was left running by every run that tried, one JVM each.
+        _kill_group(process.pid)
+        stopped = _recorded_pid(directory) != process.pid
+        if not stopped:
+            (directory / STATE_FILE).unlink(missing_ok=True)
+        if stopped and isinstance(exc, Exception):
+            raise ConfigError(f"the Spark Connect server was stopped while it started (idem spark stop); its log: {log}") from None
+        raise
+    if _recorded_pid(directory) != process.pid:  # stopped just as it became ready
+        _kill_group(process.pid)
+        raise ConfigError(f"the Spark Connect server was stopped while it started (idem spark stop); its log: {log}")
+    state = replace(state, ready=True)
+    write_private(directory / STATE_FILE, json.dumps(asdict(state)))
+    return state
+
+
+def server_settings(master: str, port: int, conf: dict[str, str]) -> dict[str, str]:
+    """The ``--conf`` settings of a server on ``port``: idem's session defaults, ``conf``,
+    and what keeps it private (loopback addresses; its token is not among them)."""
     from idem_platform.spark.session import DEFAULT_CONF, driver_java_options, is_local_master
 
-    directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
-    existing = running(directory)
-    if existing is not None:
-        return existing
-    port = port or _free_port()
     settings = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.master"}
-    settings.update(conf or {})
-    settings["spark.connect.grpc.binding.address"] = "127.0.0.1"
+    settings.update(conf)
+    settings.pop(TOKEN_CONF, None)  # the token goes in the private properties file, not on the command line
+    settings["spark.connect.grpc.binding.address"] = LOOPBACK
     settings.setdefault("spark.sql.artifact.isolation.enabled", "false")  # no per-session worker environments
     settings["spark.connect.grpc.binding.port"] = str(port)
     settings.setdefault("spark.connect.session.manager.defaultSessionTimeout", SESSION_TIMEOUT)
     settings.setdefault("spark.ui.enabled", "false")
     if is_local_master(master):  # workers on this machine, in this environment: see spark/daemon.py
         settings.setdefault("spark.python.daemon.module", DAEMON_MODULE)
+        # Executors live in the driver's JVM: nothing needs its RPC or block-manager ports
+        # from outside this machine (a cluster master's executors do, so those stay as set).
+        settings.update({"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK, "spark.authenticate": "true"})
     options = driver_java_options(settings.get("spark.driver.extraJavaOptions"), long_lived=True)
     if options:
         settings["spark.driver.extraJavaOptions"] = options
-    home = spark_home()
-    command = [str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master, "--name", "idem Spark Connect"]
-    for key, value in sorted(settings.items()):
-        command += ["--conf", f"{key}={value}"]
-    command.append("spark-internal")
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(home),
-        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
-        "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
-    }
-    log = directory / "connect.log"
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-            cwd=directory, start_new_session=True,  # outlives the command that started it
-        )
-    state = ServerState(
-        url=f"sc://127.0.0.1:{port}/;session_id={uuid.uuid4()}", pid=process.pid, port=port, master=master, log=str(log),
-        started_at=time.time(), fingerprint=fingerprint(master, conf or {}), auto=auto,
-    )
+    return settings
+
+
+def _recorded_pid(directory: Path) -> int | None:
+    state = read_state(directory)
+    return None if state is None else state.pid
+
+
+def private_directory(directory: Path) -> Path:
+    """``directory`` resolved, created if need be, and made 0700: it holds the server's token."""
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(directory, 0o700)
+    return directory
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` as a 0600 file, atomically (a reader never sees half of it, nor a
+    moment where it is readable by others)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        _wait_until_ready(process, state, log, timeout)
-    except BaseException as exc:
-        # Nothing records a server that is not ready, so nothing would ever stop it: a
-        # server whose Python workers cannot start (a broken PYSPARK_PYTHON, a module the
-        # workers cannot import) was left running by every run that tried, one JVM each.
-        _kill_group(process.pid)
-        if isinstance(exc, Exception):  # not an interrupted start (Ctrl-C): nothing to hold against the next one
-            _record_failure(directory, state, exc)
-        raise
-    (directory / FAILED_FILE).unlink(missing_ok=True)
-    (directory / STATE_FILE).write_text(json.dumps(asdict(state)))
-    return state
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(partial, path)
+
+
+# Environment variables the server's JVM and Python workers must not inherit: idem's and
+# libpq's credentials, any variable named like a secret, and any whose value is a URL
+# with a password. The staging jobs carry the PostgreSQL URL they need in their closures.
+_SECRET_NAME = re.compile(r"^(IDEM_POSTGRES_URL|IDEM_SPARK_REMOTE|PGPASSWORD|PGPASSFILE|DATABASE_URL)|PASSWORD|SECRET|TOKEN|CREDENTIAL")
+
+
+def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less what the server's workers (any client's code) must not read."""
+    from idem_platform.redact import url_secrets
+
+    return {
+        name: value for name, value in environ.items()
+        if not _SECRET_NAME.search(name.upper()) and not url_secrets(value)
+    }
 
 
 def _wait_until_ready(process: subprocess.Popen[bytes], state: ServerState, log: Path, timeout: float) -> None:
@@ -232,32 +317,6 @@ def _kill_group(pid: int, timeout: float = 10.0) -> bool:
     return True
 
 
-def _record_failure(directory: Path, state: ServerState, exc: BaseException) -> None:
-    failure = {
-        "fingerprint": state.fingerprint, "at": time.time(), "pid": state.pid, "log": state.log,
-        "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500],
-    }
-    try:
-        (directory / FAILED_FILE).write_text(json.dumps(failure))
-    except OSError:
-        pass
-
-
-def recent_failure(directory: Path, wanted: str) -> dict[str, object] | None:
-    """The last failed start of a server with fingerprint ``wanted`` in ``directory``, if it
-    was under :data:`RETRY_AFTER_SECONDS` ago (``error``, ``at``, ``log``...), else ``None``."""
-    try:
-        failure = json.loads((directory / FAILED_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(failure, dict) or failure.get("fingerprint") != wanted:
-        return None
-    at = failure.get("at")
-    if not isinstance(at, (int, float)) or time.time() - at >= RETRY_AFTER_SECONDS:
-        return None
-    return failure
-
-
 def fingerprint(master: str, conf: dict[str, str]) -> str:
     """What a server must have been started with to serve a run: its master, its settings,
     PySpark's version and idem's code (every module's size and mtime: the server's Python
@@ -281,27 +340,28 @@ def ensure(
     master: str,
     conf: dict[str, str] | None = None,
     wait: bool = False,
-    starter: list[str] | None = None,
 ) -> ServerState | None:
     """The server of ``directory`` for a run of this process, if one started with the same
-    master, settings and code is up (``spark.server: auto``).
+    master, settings and code is up (``spark.server: auto``); else ``None``.
 
-    Otherwise ``None``, and the server is brought up for the runs after this one: with
-    ``wait`` (``idem dev``) here and now; else by ``starter`` (a command line that runs
-    :func:`start_locked`, spawned in its own session), so no run ever waits ~30 s for a
-    server: the run that finds none starts Spark in its own process, as without a server.
+    Without ``wait`` (``idem ingest``) nothing is started or stopped: a server runs only
+    when someone asked for one (``idem spark start``, ``idem dev``), so a one-off command
+    leaves no JVM behind. With ``wait`` (``idem dev``) a missing server is started here and
+    now, and one started by ``idem dev`` for other code or settings is replaced when no
+    process holds it (never one a person started with ``idem spark start``).
 
-    While this process lives it holds ``use.lock`` shared; a server started for other
-    code or settings is stopped and replaced only when no process holds it, and never
-    when a person started it (``idem spark start``). Starts are serialised by
-    ``start.lock``: a start under way is not started twice.
+    While this process lives it holds ``use.lock`` shared. Starts are serialised by
+    ``start.lock``: a start under way is not started twice, and a run that finds one under
+    way goes without.
 
     Raises:
         ConfigError: the server did not start (``wait`` only; its log's end is in the message).
     """
     directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
     wanted = fingerprint(master, conf or {})
+    if not wait and not (directory / STATE_FILE).exists():
+        return None  # no server was ever started here: create nothing
+    directory = private_directory(directory)
     with open(directory / "start.lock", "a") as start_lock:
         try:
             fcntl.flock(start_lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -311,35 +371,30 @@ def ensure(
         if state is not None and state.fingerprint == wanted:
             _hold(directory)
             return state
+        if not wait:
+            return None
         if state is not None:
             if directory in _held or not state.auto:
                 return None  # this process uses it already, or a person started it: leave it be
-            use = os.open(directory / "use.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            use = os.open(directory / "use.lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(use)
                 return None  # stale, but other runs are on it
-            stop(directory)
+            stop(directory, wait_for_start=False)
             os.close(use)
-        if wait:
-            state = start(directory, master=master, conf=conf, auto=True)
-            _hold(directory)
-            return state
-        if starter is not None and recent_failure(directory, wanted) is None:
-            log = open(directory / "starter.log", "ab")  # noqa: SIM115 - the child keeps it
-            subprocess.Popen(starter, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            log.close()
-        return None
+        state = start(directory, master=master, conf=conf, auto=True)
+        _hold(directory)
+        return state
 
 
 def start_locked(
     directory: Path, *, master: str, conf: dict[str, str] | None = None, port: int | None = None, auto: bool = False
 ) -> ServerState:
-    """:func:`start` under ``start.lock`` (``idem spark start``, and the background start of
-    :func:`ensure`): the server running there already, if any, else a new one."""
-    directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    """:func:`start` under ``start.lock`` (``idem spark start``): the server running there
+    already, if any, else a new one."""
+    directory = private_directory(directory)
     with open(directory / "start.lock", "a") as start_lock:
         fcntl.flock(start_lock, fcntl.LOCK_EX)
         return start(directory, master=master, conf=conf, port=port, auto=auto)
@@ -347,7 +402,7 @@ def start_locked(
 
 def _hold(directory: Path) -> None:
     if directory not in _held:
-        use = os.open(directory / "use.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        use = os.open(directory / "use.lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(use, fcntl.LOCK_SH)
         _held[directory] = use
 
@@ -360,14 +415,38 @@ def warm(url: str) -> None:
     touch_workers(build_session({"spark.remote": url}))
 
 
-def stop(directory: Path = DEFAULT_DIR, *, timeout: float = 30.0) -> bool:
-    """Stop the server of ``directory``; ``False`` if none was running."""
+def stop(directory: Path = DEFAULT_DIR, *, timeout: float = 30.0, wait_for_start: bool = True) -> bool:
+    """Stop the server of ``directory``, ready or still starting; ``False`` if there was none.
+
+    With ``wait_for_start``, a start under way (``start.lock`` held) that has not recorded
+    its server yet (it has no pid for the first moments) is waited for, up to
+    :data:`START_TIMEOUT_SECONDS`, and its server stopped: before, a stop during a start
+    found nothing and the server came up after it and stayed.
+    """
     directory = directory.resolve()
-    state = read_state(directory)
-    (directory / STATE_FILE).unlink(missing_ok=True)
-    if state is None:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while True:
+        state = read_state(directory)
+        if state is not None:
+            (directory / STATE_FILE).unlink(missing_ok=True)
+            return _kill_group(state.pid, timeout)
+        if not wait_for_start or not _start_under_way(directory) or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _start_under_way(directory: Path) -> bool:
+    """Whether a process holds ``start.lock`` (starting a server, or checking for one)."""
+    try:
+        handle = open(directory / "start.lock")  # noqa: SIM115 - closed below
+    except OSError:
         return False
-    return _kill_group(state.pid, timeout)
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
 
 
 def _tail(log: Path, lines: int = 15) -> str:

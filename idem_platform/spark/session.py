@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pyspark.sql import SparkSession
 
 from idem_platform.config import SPARK_REMOTE_ENV as REMOTE_ENV
+from idem_platform.spark.remote import bound_retries
 from idem_platform.spark.slots import is_remote, task_slots
 
 DEFAULT_CONF: dict[str, str] = {
@@ -120,10 +121,11 @@ def build_session(conf: Mapping[str, str] | None = None, *, long_lived: bool = F
     pin_python()
     remote = remote_url(conf)
     if remote is not None:
-        builder = SparkSession.builder.remote(remote)
+        session = SparkSession.builder.remote(remote).getOrCreate()  # no RPC yet: the retries are bounded first
+        bound_retries(session, remote)
         for key in REMOTE_SESSION_CONF:
-            builder = builder.config(key, (conf or {}).get(key, DEFAULT_CONF[key]))
-        return builder.getOrCreate()
+            session.conf.set(key, (conf or {}).get(key, DEFAULT_CONF[key]))
+        return session
     settings = {**DEFAULT_CONF, **(conf or {})}
     if SparkSession.getActiveSession() is None:
         options = driver_java_options(settings.get("spark.driver.extraJavaOptions"), long_lived=long_lived)

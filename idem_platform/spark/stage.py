@@ -41,6 +41,7 @@ import pyarrow as pa
 from idem_platform.coercion.records import DirectRows, RepeatedLines, coerce_batch
 from idem_platform.errors import TransientError
 from idem_platform.faults import checkpoint
+from idem_platform.spark.remote import lost_server
 from idem_platform.spark.slots import is_remote, task_slots
 from idem_platform.write.apply import StagedAttempt
 from idem_platform.write.plan import CommitPlan
@@ -138,10 +139,13 @@ class StagingJobs:
             for future in self.futures:
                 future.cancel()
             if self.spark is not None:
-                if self.remote:
-                    self.spark.interruptTag(self.group)
-                else:
-                    self.spark.sparkContext.cancelJobGroup(self.group)
+                try:
+                    if self.remote:
+                        self.spark.interruptTag(self.group)
+                    else:
+                        self.spark.sparkContext.cancelJobGroup(self.group)
+                except Exception:  # noqa: BLE001 - a dead server has no jobs left to cancel; the first error stands
+                    pass
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self, index: int) -> StagedAttempt:
@@ -175,6 +179,12 @@ class StagingJobs:
 
         try:
             ((payload,),) = spark.range(index, index + 1, 1, 1).mapInArrow(body, "message binary").collect()
+        except Exception as exc:
+            reason = lost_server(exc)
+            if reason is None:
+                raise
+            # One line (gRPC's own message spans many), and not retried at length: see bound_retries.
+            raise TransientError(f"the Spark Connect server stopped answering ({reason})") from exc
         finally:
             spark.removeTag(self.group)
         staged, seconds, attempt_number = pickle.loads(payload)
