@@ -38,7 +38,7 @@ from idem_platform.read.migrate import (
     plan_migration,
     prepare_table,
 )
-from idem_platform.read.plan import plan_read
+from idem_platform.read.planner import plan_read
 from idem_platform.read.upgrade import RAISE
 from idem_platform.samples import write_lines
 from idem_platform_tests import migrations_fixture

@@ -13,7 +13,7 @@ the upgrade and SQL users see current values. Per record type:
    the current catalog's columns (:func:`~idem_platform.postgres.tables.sync_tables`)
    and the nullable column ``_payload_version``.
 3. **Upgrade and write** (executors, never a driver loop over rows): one Spark task
-   per key range of the read plan (:func:`~idem_platform.read.plan.plan_read`), over
+   per key range of the read plan (:func:`~idem_platform.read.planner.plan_read`), over
    ``mapInArrow``. Each task reads its range's old rows with the read path's COPY
    (:func:`~idem_platform.read.decode.read_rows`, only ``_idempotency_key``,
    ``_connector``, ``_schema_version`` and ``_payload``), upgrades them with the read
@@ -93,7 +93,8 @@ from idem_platform.migrations import Chains, MigrationFailed
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.schema import DDL_LOCK_ID, SCHEMA
 from idem_platform.postgres.tables import existing_columns, sync_tables, table_ident
-from idem_platform.read.plan import ERROR_COLUMN, PAYLOAD_VERSION, ReadColumn, ReadPlan, plan_read
+from idem_platform.read.plan import ERROR_COLUMN, PAYLOAD_VERSION, ReadColumn, ReadPlan
+from idem_platform.read.planner import plan_read
 from idem_platform.read.upgrade import KEEP, RAISE
 
 if TYPE_CHECKING:
