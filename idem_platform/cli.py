@@ -621,7 +621,9 @@ def cmd_promote(args: argparse.Namespace) -> dict[str, Any] | None:
 def cmd_migrate(args: argparse.Namespace) -> dict[str, Any] | None:
     """``idem migrate [--type T] [--dry-run]``: rows below their table's ``schema_version`` upgraded
     in place, in Spark, in batches of one transaction each; ``--dry-run`` counts per type and step."""
-    from idem_platform.read.migrate import human_report, migrate, plan_migration, selected_types
+    from idem_platform.read.migrate.counts import plan_migration, selected_types
+    from idem_platform.read.migrate.report import human_report
+    from idem_platform.read.migrate.run import migrate
 
     config = load_config(args.config)
     if args.batch_rows < 1:

@@ -571,3 +571,20 @@ def test_caller_keys_are_validated() -> None:
         parse_caller_key("a\nb")
     with pytest.raises(KeyValidationError, match="0x7f"):
         parse_caller_key("a\x7f")
+
+
+def test_the_librarys_own_errors_are_stored_under_the_public_package(url: str) -> None:
+    """A permanent failure stores its class as ``module.QualName``: the library's errors are
+    named where users import them (``idem_platform.idempotency``), not by the module inside
+    the package that defines them, so ledger rows keep the names they always had."""
+    with connect(url) as conn:
+        counter = Counter(conn, "k-lib")
+        nested = ReplayedError("other.namespace", "k0", "x.Boom", "declined upstream", 1)
+        with pytest.raises(ReplayedError):
+            run_idempotently(conn, NS, "k-lib", {}, counter.raising(nested))
+        row = ledger_row(url, "k-lib")
+        assert row is not None and row["error"]["class"] == "idem_platform.idempotency.ReplayedError"
+        with pytest.raises(ReplayedError) as caught:
+            run_idempotently(conn, NS, "k-lib", {}, counter.raising(RuntimeError("must not run")))
+        assert caught.value.error_class == "idem_platform.idempotency.ReplayedError"
+        assert str(caught.value) == "declined upstream" and counter.calls == 1

@@ -30,15 +30,13 @@ from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.retype import promote_column
 from idem_platform.read import read_table
-from idem_platform.read.migrate import (
-    MigrateLockTimeout,
-    MigrateTask,
-    human_report,
-    migrate,
-    plan_migration,
-    prepare_table,
-)
-from idem_platform.read.plan import plan_read
+from idem_platform.read.migrate.counts import plan_migration
+from idem_platform.read.migrate.errors import MigrateLockTimeout
+from idem_platform.read.migrate.prepare import prepare_table
+from idem_platform.read.migrate.report import human_report
+from idem_platform.read.migrate.run import migrate
+from idem_platform.read.migrate.task import MigrateTask
+from idem_platform.read.planner import plan_read
 from idem_platform.read.upgrade import RAISE
 from idem_platform.samples import write_lines
 from idem_platform_tests import migrations_fixture

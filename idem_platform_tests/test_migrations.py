@@ -35,7 +35,7 @@ from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.read import migration_errors, read_table
-from idem_platform.read.plan import partition_count, plan_read
+from idem_platform.read.planner import partition_count, plan_read
 from idem_platform.read.source import source_frame
 from idem_platform.read.table import TableRead, read_lines
 from idem_platform.samples import write_lines

@@ -18,7 +18,7 @@ from idem_platform.pipeline.commit import as_idem_error
 from idem_platform.postgres import connect
 from idem_platform.read import read_table
 from idem_platform.read.decode import read_rows
-from idem_platform.read.plan import plan_read
+from idem_platform.read.planner import plan_read
 from idem_platform.read.source import source_frame
 from idem_platform_tests.conftest import write_config
 from idem_platform_tests.test_migrations import ingest

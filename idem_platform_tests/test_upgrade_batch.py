@@ -17,7 +17,8 @@ import pytest
 
 from idem_platform.contract.catalog import SYSTEM_COLUMNS, Column, ColumnType, TableSpec
 from idem_platform.migrations import MigrationFailed, MigrationSource
-from idem_platform.read.plan import ERROR_COLUMN, ConnectorRules, ReadPlan, frame_columns
+from idem_platform.read.plan import ERROR_COLUMN, ConnectorRules, ReadPlan
+from idem_platform.read.planner import frame_columns
 from idem_platform.read.upgrade import KEEP, RAISE, SKIP, upgrade_batch
 from idem_platform_tests import migrations_fixture
 

@@ -6,9 +6,9 @@ Run config (every field optional)::
       migrate:
         config: {types: [reading], dry_run: false, skip_failed: false, batch_rows: 50000}
 
-The op runs :func:`idem_platform.read.migrate.migrate` (old rows upgraded in Spark
+The op runs :func:`idem_platform.read.migrate.run.migrate` (old rows upgraded in Spark
 on the executors, written back in batches of one transaction each, resumable) or,
-with ``dry_run``, :func:`~idem_platform.read.migrate.plan_migration` (counts per type
+with ``dry_run``, :func:`~idem_platform.read.migrate.counts.plan_migration` (counts per type
 and step, no Spark, nothing written). It logs the report, attaches it as the
 output's metadata, and reports a materialization of each table asset
 (``idem/<record_type>``) whose rows it moved: the table changed.
@@ -25,13 +25,9 @@ from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.defs.tables import table_key, table_name
 from idem_platform.errors import IdemError
 from idem_platform.migrations import MigrationFailed
-from idem_platform.read.migrate import (
-    DEFAULT_BATCH_ROWS,
-    human_report,
-    migrate,
-    plan_migration,
-    selected_types,
-)
+from idem_platform.read.migrate.counts import plan_migration, selected_types
+from idem_platform.read.migrate.report import human_report
+from idem_platform.read.migrate.run import DEFAULT_BATCH_ROWS, migrate
 from idem_platform.redact import secrets_kept
 
 JOB_NAME = "idem_migrate"

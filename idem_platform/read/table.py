@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from idem_platform.config import IdemConfig
 from idem_platform.migrations import MigrationFailed
-from idem_platform.read.plan import ERROR_COLUMN, ReadPlan, plan_read
+from idem_platform.read.plan import ERROR_COLUMN, ReadPlan
+from idem_platform.read.planner import plan_read
 from idem_platform.read.source import source_frame
 from idem_platform.read.upgrade import KEEP, RAISE, SKIP
 
