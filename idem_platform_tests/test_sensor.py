@@ -13,7 +13,7 @@ import pytest
 
 from idem_platform.config import IdemConfig
 from idem_platform.contract.keys import file_key_from_digest
-from idem_platform.defs.filedrop.sensors import Decision, _copies_of_committed, decide
+from idem_platform.defs.filedrop.decisions import Decision, copies_of_committed, decide
 from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
@@ -256,6 +256,6 @@ def test_copies_of_committed_names_nothing_for_a_committed_decision_without_its_
     the old `if entry is not None` sat inside the comprehension, after `entry.result` was read."""
     sha = "ab" * 32
     committed = Decision("copy.ndjson", sha, None, "committed")
-    assert _copies_of_committed(tmp_path, [committed], {}) == []
+    assert copies_of_committed(tmp_path, [committed], {}) == []
     row = LedgerEntry(file_key_from_digest(sha), "committed", 1, "o", None, None, "h")
-    assert _copies_of_committed(tmp_path, [committed], {row.key: row}) == []
+    assert copies_of_committed(tmp_path, [committed], {row.key: row}) == []

@@ -17,15 +17,13 @@ import pytest
 import yaml
 
 from idem_platform.config import IdemConfig
+from idem_platform.defs.filedrop.decisions import Wanted, batches, decide
 from idem_platform.defs.filedrop.sensors import (
     BYTES_TAG,
     FILES_TAG,
     RANGE_END_TAG,
     RANGE_START_TAG,
     RUN_KEY_TAG,
-    Wanted,
-    batches,
-    decide,
 )
 from idem_platform.ledger import LedgerEntry
 from idem_platform.postgres import connect

@@ -28,7 +28,7 @@ from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
-from idem_platform.sources.push.app import ServeSettings
+from idem_platform.sources.push.context import ServeSettings
 from idem_platform.sources.push.server import (
     BackgroundServer,
     bind_host,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import uvicorn
 
 from idem_platform.config import IdemConfig
-from idem_platform.sources.push.app import ServeSettings, create_app
+from idem_platform.sources.push.app import create_app
+from idem_platform.sources.push.context import ServeSettings
 
 TOKEN_ENV = "IDEM_HTTP_TOKEN"
 LOOPBACK = "127.0.0.1"
