@@ -65,7 +65,7 @@ SYSTEM_FIELDS = [
     pa.field("_idempotency_key", pa.string()),
     pa.field("_external_id", pa.string()),
     pa.field("_content_hash", pa.string()),
-    pa.field("_payload", pa.string()),
+    pa.field("_payload", pa.string()),  # the record's own text (DESIGN §4), not its canonical form
     pa.field("_extra", pa.string()),
     pa.field("_props", pa.string()),
     pa.field("_errors", pa.string()),
@@ -448,6 +448,8 @@ def _coerce_batch(
     out_key: list[str | None] = []
     out_ext: list[str | None] = []
     out_hash: list[str | None] = []
+    # _payload is the record's own bytes (DESIGN §4: every number exactly as sent): PostgreSQL's
+    # jsonb reads them as numeric, where the canonical form (the key's) went through doubles.
     out_payload: list[bytes | None] = []
     out_extra: list[str | None] = []
     out_props: list[str | None] = []
@@ -585,7 +587,7 @@ def _coerce_batch(
         out_key.append(key)
         out_ext.append(ext_id)
         out_hash.append(digest)
-        out_payload.append(canonical)
+        out_payload.append(raw)  # as received (jsonb keeps its numbers exactly), not the canonical form
         out_errors.append(None)
 
     converted: dict[str, list[pa.Array]] = {}
