@@ -770,13 +770,19 @@ def _metadata(meta: pa.Array, taken: np.ndarray, errors: list[str | None], *, ke
 
 
 def _unknown(record: dict[str, Any], skip: frozenset[str]) -> tuple[str | None, str | None]:
-    """Fields no column declares: evolvable names (rendered as text) vs ``props`` (kept as JSON)."""
-    extra: dict[str, str] = {}
+    """Fields no column declares: evolvable names (rendered as text) vs ``props`` (kept as JSON).
+
+    An evolvable field's JSON ``null`` stays ``null`` in ``_extra`` (the promote's
+    ``_extra ->> name`` makes it SQL NULL), as a declared ``string`` column stores it: the
+    text ``'null'`` would read as the string ``"null"``, which ``IS NULL`` misses and
+    ``idem retype`` counts as a failed cast.
+    """
+    extra: dict[str, str | None] = {}
     props: dict[str, Any] = {}
     for name in record.keys() - skip:
         value = record[name]
         if is_safe_column_name(name):
-            extra[name] = value if type(value) is str else canonical_value_bytes(value).decode("ascii")
+            extra[name] = value if type(value) is str or value is None else canonical_value_bytes(value).decode("ascii")
         else:
             props[name] = value
     return (
