@@ -14,6 +14,8 @@ path's Arrow batch, and through the Python path alone (``IDEM_NATIVE=0``).
 from __future__ import annotations
 
 import json
+import shutil
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,18 @@ from typing import Any
 import pytest
 
 from idem_platform.coercion import native
-from idem_platform.coercion.records import DROP, DirectRows, coerce_batch, direct_supported
+from idem_platform.coercion.records import (
+    DROP,
+    DirectRows,
+    RecordSpec,
+    coerce_batch,
+    direct_supported,
+)
 from idem_platform.config import IdemConfig
 from idem_platform.contract.canonical import canonical_bytes
 from idem_platform.contract.catalog import Column, ColumnType, TableSpec
 from idem_platform.contract.keys import content_hash, record_key_of
+from idem_platform.migrations import MigrationSource
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
@@ -33,6 +42,7 @@ from idem_platform.sources.filedrop import hash_file
 from idem_platform.write.apply import StagedAttempt, promote
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, new_attempt_id
+from idem_platform_tests import migrations_fixture
 from idem_platform_tests.conftest import lines_batch, reset_database
 from idem_platform_tests.staging_fixture import claimed_plan
 from idem_platform_tests.test_ingest import ingest, rows
@@ -174,3 +184,24 @@ def test_a_file_drop_ingest_keeps_the_payload_as_received(
         assert stored[ext][0] == _expected_jsonb(pg_url, line), ext
         assert stored[ext][1:] == _key_and_hash("threatfeed", "indicator", line), ext
     assert "1.000000000000000005" in stored["p1"][0] and "123456789012345678901234567890" in stored["p2"][0]
+
+
+@pytest.mark.parametrize("native_on", [True, False])
+def test_an_upgraded_record_keeps_its_payload_as_received(
+    tmp_path: Path, native_on: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record older than its table is coerced in its upgraded shape (``_upgraded``: the
+    canonical form of the migrations' output), and ``_payload`` is still its own text."""
+    monkeypatch.setenv("IDEM_NATIVE", "1" if native_on else "0")
+    module = f"payload_migrations_{uuid.uuid4().hex[:10]}"  # a fresh module: the registry is per module
+    shutil.copy(migrations_fixture.__file__, tmp_path / f"{module}.py")
+    reading = TableSpec("reading", 3, (Column("sensor", ColumnType("string"), True), Column("temperature", ColumnType("real"))))
+    spec = RecordSpec(
+        connector="sensors", tables={"reading": reading}, units=(("f#L", 0),), record_type="reading", evolve=False,
+        migrations=MigrationSource((module,), str(tmp_path), (("reading", 3),)),
+    )
+    line = b'{"id": "b", "sensor": "s", "temp": 212.000000000000000001, "tiny": 1e-999, "schema_version": 1}\n'
+    (row,) = coerce_batch(lines_batch([line]), spec).to_pylist()
+    assert row["_errors"] is None and row["_version"] == 1 and row["reading"]["temperature"] == 100.0
+    assert json.loads(row["_upgraded"]) == {"id": "b", "sensor": "s", "temperature": 100.0, "tiny": 0.0}
+    assert row["_payload"].encode() == line  # as received, its version field and every digit included
