@@ -34,6 +34,9 @@
 
 #define MAX_DEPTH 200
 #define MAX_INT_DIGITS 4000
+/* PostgreSQL's numeric keeps at most this many digits after the point: a float token that
+   needs more (1e-16384) is refused by the jsonb _payload, so the Python path decides. */
+#define PG_NUMERIC_DSCALE_MAX 16383
 
 enum { N_NULL, N_TRUE, N_FALSE, N_INT, N_FLOAT, N_STR, N_ARR, N_OBJ };
 
@@ -201,19 +204,35 @@ static Py_ssize_t parse_number(Line *l) {
     } else if (!(i < n && s[i] >= '1' && s[i] <= '9') || !skip_digits(s, n, &i)) {
         return -1;
     }
+    Py_ssize_t frac_digits = 0;
     if (i < n && s[i] == '.') {
         i++;
+        Py_ssize_t first = i;
         if (!skip_digits(s, n, &i))
             return -1;
+        frac_digits = i - first;
         is_int = 0;
     }
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
         i++;
+        int negative = i < n && s[i] == '-';
         if (i < n && (s[i] == '+' || s[i] == '-'))
             i++;
+        Py_ssize_t first = i;
         if (!skip_digits(s, n, &i))
             return -1;
+        while (first < i - 1 && s[first] == '0')
+            first++;
+        if (i - first > 6)
+            return -1; /* |exponent| >= 10^6: PostgreSQL's numeric may refuse it (see below) */
+        Py_ssize_t exponent = 0;
+        for (Py_ssize_t d = first; d < i; d++)
+            exponent = exponent * 10 + (s[d] - '0');
+        if (negative && frac_digits + exponent > PG_NUMERIC_DSCALE_MAX)
+            return -1; /* _payload's jsonb keeps it as numeric, whose scale stops at 16383 digits */
         is_int = 0;
+    } else if (frac_digits > PG_NUMERIC_DSCALE_MAX) {
+        return -1;
     }
     if (is_int && i - start > MAX_INT_DIGITS)
         return -1; /* int() refuses it past sys.get_int_max_str_digits(): the Python path says so */
@@ -1513,14 +1532,20 @@ static int direct_row(Direct *dx, Py_ssize_t top, Py_ssize_t i, PyObject *raw, c
     n_row += PyBytes_GET_SIZE(prefix);
     memcpy(row + n_row, number, (size_t)digits);
     n_row += digits;
-    if (row_reserve(5 + n_out + 5 * 4) < 0) {
+    /* _payload: jsonb version 1, then the line as received (DESIGN 4: PostgreSQL reads its
+       numbers as numeric, exactly; the canonical text's went through doubles). A line end or
+       other JSON whitespace in it is whitespace to jsonb too. */
+    Py_ssize_t raw_len = PyBytes_GET_SIZE(raw);
+    if (raw_len >= 0x7FFFFFFF)
+        goto done;
+    if (row_reserve(5 + raw_len + 5 * 4) < 0) {
         status = -1;
         goto done;
     }
-    put_u32((uint32_t)(1 + n_out)); /* _payload: jsonb version 1, then the canonical text */
+    put_u32((uint32_t)(1 + raw_len));
     row[n_row++] = 1;
-    memcpy(row + n_row, out, (size_t)n_out);
-    n_row += n_out;
+    memcpy(row + n_row, PyBytes_AS_STRING(raw), (size_t)raw_len);
+    n_row += raw_len;
     for (int c = 0; c < 5; c++) /* _extra, _props, _meta, _version, _upgraded */
         put_u32(0xFFFFFFFFu);
     for (Py_ssize_t c = 0; c < ncols; c++) {
@@ -1780,7 +1805,7 @@ static PyObject *coerce_lines(PyObject *self, PyObject *args) {
             PyList_Append(out_props, unknown ? PyTuple_GET_ITEM(unknown, 1) : Py_None) < 0 ||
             append_steal(out_input, PyLong_FromSsize_t(i)) < 0 || PyList_Append(out_type, record_type) < 0 ||
             PyList_Append(out_key, key) < 0 || PyList_Append(out_ext, ext_id) < 0 ||
-            PyList_Append(out_hash, digest) < 0 || PyList_Append(out_payload, canonical) < 0 ||
+            PyList_Append(out_hash, digest) < 0 || PyList_Append(out_payload, raw) < 0 ||
             PyList_Append(out_errors, Py_None) < 0) {
             ok = -1;
             goto done;

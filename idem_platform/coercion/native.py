@@ -9,8 +9,9 @@ record in one pass over its bytes and appends to the very lists and dicts the
 Python loop uses. It hands a record back to the Python loop, untouched, whenever
 the Python loop could answer differently or words a reject: blank or non-object
 lines, anything its strict parser doubts (invalid JSON or UTF-8, NUL, lone
-surrogates, repeated keys, non-finite floats, huge integers, deep nesting), a
-record type, id, schema version or key that is not the plain kind, unknown fields.
+surrogates, repeated keys, non-finite floats, huge integers, numbers PostgreSQL's
+numeric cannot hold as ``_payload`` keeps them, deep nesting), a record type, id,
+schema version or key that is not the plain kind, unknown fields.
 So the Python loop stays the definition; the C path is a shortcut that must agree
 with it byte for byte, which ``idem_platform_tests/test_native.py`` checks on
 generated records and the spec vectors.

@@ -65,7 +65,7 @@ SYSTEM_FIELDS = [
     pa.field("_idempotency_key", pa.string()),
     pa.field("_external_id", pa.string()),
     pa.field("_content_hash", pa.string()),
-    pa.field("_payload", pa.string()),
+    pa.field("_payload", pa.string()),  # the record's own text (DESIGN §4), not its canonical form
     pa.field("_extra", pa.string()),
     pa.field("_props", pa.string()),
     pa.field("_errors", pa.string()),
@@ -448,6 +448,8 @@ def _coerce_batch(
     out_key: list[str | None] = []
     out_ext: list[str | None] = []
     out_hash: list[str | None] = []
+    # _payload is the record's own bytes (DESIGN §4: every number exactly as sent): PostgreSQL's
+    # jsonb reads them as numeric, where the canonical form (the key's) went through doubles.
     out_payload: list[bytes | None] = []
     out_extra: list[str | None] = []
     out_props: list[str | None] = []
@@ -585,7 +587,7 @@ def _coerce_batch(
         out_key.append(key)
         out_ext.append(ext_id)
         out_hash.append(digest)
-        out_payload.append(canonical)
+        out_payload.append(raw)  # as received (jsonb keeps its numbers exactly), not the canonical form
         out_errors.append(None)
 
     converted: dict[str, list[pa.Array]] = {}
@@ -768,13 +770,19 @@ def _metadata(meta: pa.Array, taken: np.ndarray, errors: list[str | None], *, ke
 
 
 def _unknown(record: dict[str, Any], skip: frozenset[str]) -> tuple[str | None, str | None]:
-    """Fields no column declares: evolvable names (rendered as text) vs ``props`` (kept as JSON)."""
-    extra: dict[str, str] = {}
+    """Fields no column declares: evolvable names (rendered as text) vs ``props`` (kept as JSON).
+
+    An evolvable field's JSON ``null`` stays ``null`` in ``_extra`` (the promote's
+    ``_extra ->> name`` makes it SQL NULL), as a declared ``string`` column stores it: the
+    text ``'null'`` would read as the string ``"null"``, which ``IS NULL`` misses and
+    ``idem retype`` counts as a failed cast.
+    """
+    extra: dict[str, str | None] = {}
     props: dict[str, Any] = {}
     for name in record.keys() - skip:
         value = record[name]
         if is_safe_column_name(name):
-            extra[name] = value if type(value) is str else canonical_value_bytes(value).decode("ascii")
+            extra[name] = value if type(value) is str or value is None else canonical_value_bytes(value).decode("ascii")
         else:
             props[name] = value
     return (

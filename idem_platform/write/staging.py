@@ -260,11 +260,11 @@ def refused_row(exc: psycopg.errors.DataError, rows: int) -> tuple[int, str | No
 def refused_as_reject(row: pa.RecordBatch, column: str | None, reason: str) -> pa.RecordBatch:
     """A staged row PostgreSQL refused, as its reject (staging reject columns).
 
-    Its raw text is the record as received in canonical JSON (``_payload``: the staged
-    row has no raw line), its context the row's source metadata unless that is what
-    PostgreSQL refused.
+    Its raw text is the record as received (``_payload``, the line's own text, without
+    its line end as any reject's raw text), its context the row's source metadata unless
+    that is what PostgreSQL refused.
     """
-    payload = row.column("_payload")[0].as_py() or ""
+    payload = (row.column("_payload")[0].as_py() or "").removesuffix("\n").removesuffix("\r")
     meta = None if column == "_meta" else row.column("_meta")[0].as_py()
     errors = [{"field": None, "rule": REFUSED_RULE, "message": reason}]
     return pa.RecordBatch.from_arrays(
