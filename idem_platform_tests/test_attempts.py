@@ -27,8 +27,8 @@ from idem_platform.write.staging import (
     new_attempt_id,
     staged_rows,
 )
-from idem_platform_tests.conftest import lines_batch
-from idem_platform_tests.staging_fixture import claimed_plan
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.staging_fixture import claimed_plan
 
 
 def _batch(lines: list[str], first_line: int, spec: RecordSpec) -> pa.RecordBatch:

@@ -24,20 +24,17 @@ from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.sources.filedrop.files import hash_file
 from idem_platform.sources.kafka.offsets import committed_offsets
 from idem_platform.write.batch import Unit
-from idem_platform_tests.conftest import (
-    example_text,
-    kafka_config,
-    lines_batch,
-    reset_database,
-    wait_until_staging,
-)
-from idem_platform_tests.kafka_broker import Broker, create_topic, produce, spread
-from idem_platform_tests.spark_cluster import (
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.config import example_text
+from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.faults import wait_until_staging
+from idem_platform_tests.helpers.kafka import expected_outcome, kafka_config
+from idem_platform_tests.helpers.kafka_broker import Broker, create_topic, produce, spread
+from idem_platform_tests.helpers.spark_cluster import (
     FAST_FAILURE_DAEMON_CONF,
     SparkCluster,
     start_spark_cluster,
 )
-from idem_platform_tests.test_kafka import expected_outcome
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TABLES = ("indicator", "malware", "threat-actor")

@@ -11,7 +11,7 @@ from idem_platform.coercion.converters import FieldError, converter_for
 from idem_platform.coercion.records import RecordSpec, coerce_batch
 from idem_platform.coercion.timestamps import parse_rfc3339_ns
 from idem_platform.contract.catalog import Column, ColumnType, TableSpec
-from idem_platform_tests.conftest import lines_batch
+from idem_platform_tests.helpers.batches import lines_batch
 
 
 def convert(kind: str, value: Any, name: str = "x") -> Any:

@@ -46,7 +46,9 @@ from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import lines_batch, reset_database, write_config
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.config import write_config
+from idem_platform_tests.helpers.database import reset_database
 
 CASES_FILE = Path(__file__).resolve().parent / "cases" / "coercion_golden.jsonl"
 CONNECTOR = "golden"

@@ -38,8 +38,8 @@ from idem_platform.contract.catalog import (
     TableSpec,
     is_safe_column_name,
 )
-from idem_platform_tests.conftest import lines_batch
-from idem_platform_tests.test_fuzz import FUZZ, NUMBERS, rfc3339
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.fuzz import FUZZ, NUMBERS, rfc3339
 
 EXAMPLES = settings(FUZZ, max_examples=max(FUZZ.max_examples // 2, 1))
 TABLE = "t"

@@ -13,7 +13,7 @@ from pandera.errors import SchemaErrors
 from idem_platform.coercion.records import RecordSpec, coerce_batch
 from idem_platform.contract.catalog import Column, ColumnType, TableSpec
 from idem_platform.defs.connector.checks import contract_frame, pandera_schema
-from idem_platform_tests.conftest import lines_batch
+from idem_platform_tests.helpers.batches import lines_batch
 
 THING = TableSpec(
     "thing",

@@ -24,8 +24,10 @@ from idem_platform.pipeline.ingest import record_spec
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import example_text, lines_batch, reset_database, write_config
-from idem_platform_tests.test_ingest import ingest, rows
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.config import example_text, write_config
+from idem_platform_tests.helpers.database import reset_database, rows
+from idem_platform_tests.helpers.ingest import ingest
 
 TABLES = """
 tables:

@@ -12,7 +12,8 @@ import pytest
 from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
-from idem_platform_tests.conftest import cli_env, idem_command, kill_at_fault
+from idem_platform_tests.helpers.cli import cli_env, idem_command
+from idem_platform_tests.helpers.faults import kill_at_fault
 
 pytestmark = pytest.mark.slow
 

@@ -19,13 +19,9 @@ from idem_platform.defs.filedrop.partitions import partition_key_for, partitions
 from idem_platform.defs.storage import pool_storage_connections
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import (
-    EXAMPLE_CONFIG,
-    REPO,
-    example_text,
-    reset_database,
-    write_config,
-)
+from idem_platform_tests.helpers.config import example_text, write_config
+from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.paths import EXAMPLE_CONFIG, REPO
 
 GOOD = [
     '{"type":"indicator","id":"i1","name":"a","confidence":1,"embedding":[1,2,3,4,5,6,7,8]}',
@@ -279,7 +275,7 @@ def test_idem_dev_stops_everything_it_started_on_sigterm(
 
     import psutil
 
-    from idem_platform_tests.kafka_broker import free_port
+    from idem_platform_tests.helpers.kafka_broker import free_port
 
     port = free_port()
     home = tmp_path / "not-yet" / "dagster_home"

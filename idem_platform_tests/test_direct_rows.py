@@ -29,8 +29,8 @@ from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop import hash_file
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, attempt_table, new_attempt_id, staged_ident
-from idem_platform_tests.conftest import lines_batch
-from idem_platform_tests.staging_fixture import claimed_plan
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.staging_fixture import claimed_plan
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the C extension is not built")
 

@@ -15,6 +15,8 @@ from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform_tests.helpers.database import rows
+from idem_platform_tests.helpers.ingest import ingest
 
 LINES = [
     '{"type":"indicator","id":"ioc-1","name":"bad.example","confidence":80,"score":0.5,'
@@ -29,25 +31,6 @@ LINES = [
     '{"type":"indicator","id":"ioc-1","name":"bad.example","confidence":80,"score":0.5,'
     '"created":"2026-01-31T12:00:00.5+01:00","embedding":[1,2,3,4,5,6,7,8.5],"tags":{"b":1,"a":[1]},"active":true}',
 ]
-
-
-def ingest(url: str, config: IdemConfig, spark: Any, *paths: Path, replay: bool = False, use_spark: bool = True) -> dict[str, Any]:
-    connector = config.connector("threatfeed")
-    batch = pipeline.plan_batch(url, connector, list(paths))
-    coerced = pipeline.CoercedBatch(batch, connector, pipeline.current_tables(url, config, connector))
-
-    def session() -> Any:
-        if not use_spark:
-            raise AssertionError("Spark was needed for a batch that should replay")
-        return spark
-
-    request = run.CommitRequest(url=url, connector=connector, run_id="test", replay=replay)
-    return run.commit_batch(request, coerced, session)
-
-
-def rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with connect(url) as conn:
-        return conn.execute(query, list(params)).fetchall()
 
 
 @pytest.fixture
@@ -170,11 +153,8 @@ def test_schema_evolution_adds_text_columns_and_keeps_the_rest_in_props(
 
 def test_reject_ratio_above_the_limit_commits_nothing(pg_url: str, tmp_path: Path, spark: Any) -> None:
     from idem_platform.postgres.tables import sync_tables
-    from idem_platform_tests.conftest import (
-        example_text,
-        reset_database,
-        write_config,
-    )
+    from idem_platform_tests.helpers.config import example_text, write_config
+    from idem_platform_tests.helpers.database import reset_database
 
     reset_database(pg_url)
     text = example_text().replace("max_reject_ratio: 1.0", "max_reject_ratio: 0.2")

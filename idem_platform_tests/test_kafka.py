@@ -15,75 +15,24 @@ from typing import Any
 
 import pytest
 
-from idem_platform.coercion.records import coerce_batch
 from idem_platform.config import IdemConfig
 from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines
 from idem_platform.sources.kafka.offsets import committed_offsets
-from idem_platform_tests.conftest import kafka_config, reset_database, write_config
-from idem_platform_tests.kafka_broker import Broker, create_topic, produce, spread
+from idem_platform_tests.helpers.config import write_config
+from idem_platform_tests.helpers.database import reset_database, rows
+from idem_platform_tests.helpers.kafka import (
+    TABLES,
+    expected_keys,
+    ingest,
+    kafka_config,
+    stored_keys,
+)
+from idem_platform_tests.helpers.kafka_broker import Broker, create_topic, produce, spread
 
 pytestmark = pytest.mark.kafka
-
-TABLES = ("indicator", "malware", "threat-actor")
-
-
-def ingest(url: str, config: IdemConfig, spark: Any, name: str = "events", **request: Any) -> dict[str, Any]:
-    """Plan the connector's lag, coerce, commit: what the ``ingest`` → ``committed`` assets do."""
-    connector = config.connector(name)
-    pipeline.prepare_tables(url, config, connector)
-    batch = pipeline.plan_batch(url, connector)
-    coerced = pipeline.CoercedBatch(batch, connector, pipeline.current_tables(url, config, connector))
-    return run.commit_batch(run.CommitRequest(url=url, connector=connector, run_id="test", **request), coerced, lambda: spark)
-
-
-def rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with connect(url) as conn:
-        return conn.execute(query, list(params)).fetchall()
-
-
-def stored_keys(url: str) -> set[str]:
-    return {key for table in TABLES for (key,) in rows(url, f'SELECT _idempotency_key FROM idem."{table}"')}
-
-
-def expected_keys(config: IdemConfig, messages: list[tuple[int, bytes | None, bytes | None, Any]], topic: str) -> set[str]:
-    """The keys the coercion gives these messages (computed here, without Spark or a broker)."""
-    return expected_outcome(config, messages, topic)[0]
-
-
-def expected_outcome(
-    config: IdemConfig, messages: list[tuple[int, bytes | None, bytes | None, Any]], topic: str
-) -> tuple[set[str], int]:
-    """The keys and the number of rejects the coercion gives these messages."""
-    import pyarrow as pa
-
-    from idem_platform.write.batch import RECORDS_SCHEMA, Unit
-
-    connector = config.connector("events")
-    partitions = sorted({m[0] for m in messages})
-    units = [Unit(id=f"{topic}-{p}", key="k", request={}, position_prefix=f"{topic}-{p}@", label="", records=0, source={}) for p in partitions]
-    spec = pipeline.record_spec(connector, config.tables_for(connector), units)
-    keys: set[str] = set()
-    rejects = 0
-    for index, partition in enumerate(partitions):
-        values = [m[2] for m in messages if m[0] == partition]
-        batch = pa.RecordBatch.from_arrays(
-            [
-                pa.array([index] * len(values), pa.int32()),
-                pa.array(range(len(values)), pa.int64()),
-                pa.array(values, pa.binary()),
-                pa.array([len(v or b"") for v in values], pa.int64()),
-                pa.nulls(len(values), pa.string()),
-                pa.nulls(len(values), pa.int64()),
-            ],
-            schema=RECORDS_SCHEMA,
-        )
-        coerced = coerce_batch(batch, spec)
-        keys |= {k for k in coerced.column("_idempotency_key").to_pylist() if k}
-        rejects += coerced.num_rows - coerced.column("_errors").null_count
-    return keys, rejects
 
 
 @pytest.fixture

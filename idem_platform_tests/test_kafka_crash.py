@@ -15,15 +15,17 @@ from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines
 from idem_platform.sources.kafka.offsets import committed_offsets
 from idem_platform.write.staging import drop_stale_staging
-from idem_platform_tests.conftest import (
-    cli_env,
-    idem_command,
+from idem_platform_tests.helpers.cli import cli_env, idem_command
+from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.faults import kill_at_fault
+from idem_platform_tests.helpers.kafka import (
+    TABLES,
+    expected_outcome,
+    ingest,
     kafka_config,
-    kill_at_fault,
-    reset_database,
+    stored_keys,
 )
-from idem_platform_tests.kafka_broker import Broker, create_topic, produce, spread
-from idem_platform_tests.test_kafka import TABLES, expected_outcome, ingest, stored_keys
+from idem_platform_tests.helpers.kafka_broker import Broker, create_topic, produce, spread
 
 pytestmark = pytest.mark.kafka
 

@@ -17,14 +17,17 @@ from idem_platform.config import IdemConfig
 from idem_platform.ledger import Ledger
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines
-from idem_platform_tests.conftest import (
-    SensorTicker,
-    cli_env,
-    idem_command,
-    kafka_config,
-    reset_database,
+from idem_platform_tests.helpers.cli import cli_env, idem_command
+from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.kafka import kafka_config
+from idem_platform_tests.helpers.kafka_broker import (
+    Broker,
+    add_partitions,
+    create_topic,
+    produce,
+    spread,
 )
-from idem_platform_tests.kafka_broker import Broker, add_partitions, create_topic, produce, spread
+from idem_platform_tests.helpers.sensors import SensorTicker
 
 pytestmark = pytest.mark.kafka
 

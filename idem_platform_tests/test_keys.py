@@ -19,7 +19,7 @@ from idem_platform.contract.keys import (
     record_key_of,
 )
 from idem_platform.errors import KeyValidationError
-from idem_platform_tests.conftest import SPEC_DIR, shared_spec_dir
+from idem_platform_tests.helpers.paths import SPEC_DIR, shared_spec_dir
 
 
 def _vectors(name: str) -> list[dict]:

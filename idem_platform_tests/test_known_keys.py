@@ -24,8 +24,8 @@ from idem_platform.sources.filedrop import hash_file
 from idem_platform.write.apply import StagedAttempt, promote
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, new_attempt_id
-from idem_platform_tests.conftest import lines_batch
-from idem_platform_tests.staging_fixture import claimed_plan
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.staging_fixture import claimed_plan
 
 
 def _plan(pg_url: str, config: IdemConfig, path: Path) -> CommitPlan:

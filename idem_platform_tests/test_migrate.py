@@ -1,7 +1,7 @@
 """``idem migrate`` (issue 13, item 5): old rows upgraded in place, in Spark, batch by batch.
 
 Each test builds ``idem.reading`` with rows at v1, v2 and v3 (the chain of
-:mod:`idem_platform_tests.migrations_fixture`, copied beside the config as in
+:mod:`idem_platform_tests.helpers.migrations_fixture`, copied beside the config as in
 ``test_migrations``): rows written while the table was at v1, then, the config bumped
 to v3, records that state v1, v2 and v3. At v3 ``temperature`` is no declared column:
 v3 records evolve it into a text column, which is promoted to ``real``, so a migrated
@@ -39,14 +39,11 @@ from idem_platform.read.migrate.task import MigrateTask
 from idem_platform.read.planner import plan_read
 from idem_platform.read.upgrade import RAISE
 from idem_platform.samples import write_lines
-from idem_platform_tests import migrations_fixture
-from idem_platform_tests.conftest import (
-    cli_env,
-    idem_command,
-    kill_at_fault,
-    reset_database,
-    write_config,
-)
+from idem_platform_tests.helpers import migrations_fixture
+from idem_platform_tests.helpers.cli import cli_env, idem_command
+from idem_platform_tests.helpers.config import write_config
+from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.faults import kill_at_fault
 
 V1 = migrations_fixture.V1_CONFIG  # the sensors feed before any bump
 

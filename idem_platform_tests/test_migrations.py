@@ -1,7 +1,7 @@
 """Schema versions and migrations (DESIGN §6): the registry and its chains, versions at ingest,
 and the read path that returns every row in the current shape (read_table and `idem read`).
 
-The chain under test is ``reading`` v1 -> v2 -> v3 (:mod:`idem_platform_tests.migrations_fixture`:
+The chain under test is ``reading`` v1 -> v2 -> v3 (:mod:`idem_platform_tests.helpers.migrations_fixture`:
 rename a field, then change its unit), copied beside each config under a fresh module name,
 so every config here imports its migrations from its own directory.
 """
@@ -31,16 +31,16 @@ from idem_platform.migrations import (
     MigrationSource,
     registered,
 )
-from idem_platform.pipeline import commit as run
-from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.read import migration_errors, read_table
 from idem_platform.read.planner import partition_count, plan_read
 from idem_platform.read.source import source_frame
 from idem_platform.read.table import TableRead, read_lines
-from idem_platform.samples import write_lines
-from idem_platform_tests import migrations_fixture
-from idem_platform_tests.conftest import lines_batch, reset_database, write_config
+from idem_platform_tests.helpers import migrations_fixture
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.config import write_config
+from idem_platform_tests.helpers.database import reset_database, rows
+from idem_platform_tests.helpers.ingest import ingest_records
 
 FIXTURE_MODULE = migrations_fixture.__name__
 
@@ -67,23 +67,6 @@ def migrations_beside(directory: Path) -> str:
     name = f"reading_migrations_{uuid.uuid4().hex[:10]}"
     shutil.copy(migrations_fixture.__file__, directory / f"{name}.py")
     return name
-
-
-def ingest(url: str, config: IdemConfig, spark: Any, connector_name: str, file: str, records: list[Any]) -> dict[str, Any]:
-    """The write path as the job runs it: plan, coerce on Spark, commit."""
-    connector = config.connector(connector_name)
-    assert connector.path is not None
-    path = write_lines(connector.path / file, [r if isinstance(r, str) else json.dumps(r) for r in records])
-    pipeline.prepare_tables(url, config, connector)
-    batch = pipeline.plan_batch(url, connector, [path])
-    coerced = pipeline.CoercedBatch(batch, connector, pipeline.current_tables(url, config, connector))
-    request = run.CommitRequest(url=url, connector=connector, run_id="test", replay=False)
-    return run.commit_batch(request, coerced, lambda: spark)
-
-
-def rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with connect(url) as conn:
-        return conn.execute(query, list(params)).fetchall()
 
 
 # ---------------------------------------------------------------- the registry and its chains
@@ -261,14 +244,14 @@ def mixed(pg_url: str, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     reset_database(pg_url)
     root = tmp_path_factory.mktemp("versions")
     v1 = write_config(root, V1)
-    first = ingest(pg_url, v1, spark, "sensors", "v1.ndjson", READINGS_V1)
+    first = ingest_records(pg_url, v1, spark, "sensors", "v1.ndjson", READINGS_V1)
     assert (first["rows_written"], first["rows_rejected"]) == (3, 0)
     module = migrations_beside(root)
     v3 = write_config(root, v3_config(module))
     v3.chains()
-    second = ingest(pg_url, v3, spark, "sensors", "v3.ndjson", READINGS_V3)
+    second = ingest_records(pg_url, v3, spark, "sensors", "v3.ndjson", READINGS_V3)
     assert (second["rows_written"], second["rows_rejected"]) == (4, 3)
-    third = ingest(pg_url, v3, spark, "legacy", "legacy.ndjson", [{"id": "r8", "sensor": "s8", "temp": 50}])
+    third = ingest_records(pg_url, v3, spark, "legacy", "legacy.ndjson", [{"id": "r8", "sensor": "s8", "temp": 50}])
     assert third["rows_written"] == 1
     return Mixed(v1, v3, module, {"v1": first["commit_id"], "v3": second["commit_id"], "legacy": third["commit_id"]})
 
@@ -394,7 +377,7 @@ def test_a_raising_migration_fails_the_read_naming_the_key(
     env: Mixed, pg_url: str, spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A reading of the broken sensor, written while the table was at v1: no migration ran then.
-    broken = ingest(pg_url, env.v1, spark, "sensors", "broken.ndjson", [{"id": "b1", "sensor": "broken", "temp": 1}])
+    broken = ingest_records(pg_url, env.v1, spark, "sensors", "broken.ndjson", [{"id": "b1", "sensor": "broken", "temp": 1}])
     try:
         ((key,),) = rows(pg_url, "SELECT _idempotency_key FROM idem.reading WHERE _commit_id = %s", broken["commit_id"])
         step = f"migration reading v1->v2 ({env.module}.rename_temp_and_meta) raised on row {key}: ValueError"

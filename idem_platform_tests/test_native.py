@@ -37,8 +37,8 @@ from idem_platform.contract.canonical import (
     parse_and_canonicalize,
     repeated_key,
 )
-from idem_platform_tests.conftest import lines_batch
-from idem_platform_tests.test_fuzz import (
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.fuzz import (
     BASE_SPEC,
     CLEAN_VALUE,
     FUZZ,

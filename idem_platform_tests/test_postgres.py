@@ -11,7 +11,7 @@ from idem_platform.errors import ConfigError
 from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.schema import migrations
 from idem_platform.postgres.tables import existing_columns, sync_tables
-from idem_platform_tests.conftest import reset_database
+from idem_platform_tests.helpers.database import reset_database
 
 
 def _ensure(url: str) -> list[int]:

@@ -20,7 +20,8 @@ from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.sources.filedrop.files import hash_file
-from idem_platform_tests.conftest import example_text, wait_until_staging
+from idem_platform_tests.helpers.config import example_text
+from idem_platform_tests.helpers.faults import wait_until_staging
 
 pytestmark = pytest.mark.slow
 TABLES = ("indicator", "malware", "threat-actor")

@@ -20,8 +20,8 @@ from idem_platform.read import read_table
 from idem_platform.read.decode import read_rows
 from idem_platform.read.planner import plan_read
 from idem_platform.read.source import source_frame
-from idem_platform_tests.conftest import write_config
-from idem_platform_tests.test_migrations import ingest
+from idem_platform_tests.helpers.config import write_config
+from idem_platform_tests.helpers.ingest import ingest_records
 
 HOSTILE = 'a "quoted", comma\nnew line \\ back slash \t tab ✓ ünïcödé 𝄞'
 INDICATORS = [
@@ -43,7 +43,7 @@ MALWARE = [
 @pytest.fixture(scope="module")
 def config(pg_url: str, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> IdemConfig:
     config = write_config(tmp_path_factory.mktemp("read_types"))
-    ingest(pg_url, config, spark, "threatfeed", "types.ndjson", INDICATORS + MALWARE)
+    ingest_records(pg_url, config, spark, "threatfeed", "types.ndjson", INDICATORS + MALWARE)
     return config
 
 

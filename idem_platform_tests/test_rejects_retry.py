@@ -24,13 +24,14 @@ from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.sources.rejects.listing import list_rejects
-from idem_platform_tests.conftest import example_text, reset_database, write_config
+from idem_platform_tests.helpers.config import example_text, write_config
+from idem_platform_tests.helpers.database import reset_database
 
 TABLES = ("indicator", "malware", "threat-actor", "campaign")
 
 
 def catalog(*, name_required: bool = True, campaign: bool = False) -> str:
-    """The example's file drop (``conftest.example_text``) on ``local[2]``, with ``name``
+    """The example's file drop (``helpers.config.example_text``) on ``local[2]``, with ``name``
     required or not, and with or without a ``campaign`` table."""
     data = yaml.safe_load(example_text())
     data["spark"] = {"master": "local[2]"}
@@ -353,9 +354,8 @@ def test_two_retries_of_the_same_rejects_commit_them_once(
 def test_a_kafka_reject_is_retried_with_its_offset_key(
     pg_url: str, tmp_path: Path, kafka_broker: Any, topic: str, spark: Any
 ) -> None:
-    from idem_platform_tests.conftest import kafka_config
-    from idem_platform_tests.kafka_broker import create_topic, produce, spread
-    from idem_platform_tests.test_kafka import expected_keys
+    from idem_platform_tests.helpers.kafka import expected_keys, kafka_config
+    from idem_platform_tests.helpers.kafka_broker import create_topic, produce, spread
 
     reset_database(pg_url)
     create_topic(kafka_broker.bootstrap, topic, 1)

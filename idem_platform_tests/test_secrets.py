@@ -27,7 +27,8 @@ from idem_platform.defs.definitions import build_definitions
 from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import cli_env, idem_command, kafka_config
+from idem_platform_tests.helpers.cli import cli_env, idem_command
+from idem_platform_tests.helpers.kafka import kafka_config
 
 ROLE = "idem_secret_test"
 PASSWORD = "s3cr3t-pw"

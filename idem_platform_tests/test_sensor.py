@@ -19,7 +19,7 @@ from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop import file_unit
 from idem_platform.sources.filedrop.files import hash_file
-from idem_platform_tests.conftest import SensorTicker
+from idem_platform_tests.helpers.sensors import SensorTicker
 
 
 @pytest.fixture

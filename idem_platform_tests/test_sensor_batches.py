@@ -30,13 +30,10 @@ from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop.files import hash_file
-from idem_platform_tests.conftest import (
-    REPO,
-    SensorTicker,
-    example_text,
-    reset_database,
-    write_config,
-)
+from idem_platform_tests.helpers.config import example_text, write_config
+from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.paths import REPO
+from idem_platform_tests.helpers.sensors import SensorTicker
 
 SENSOR = "threatfeed_filedrop_sensor"
 JOB = "threatfeed_ingest"

@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from idem_platform.config import IdemConfig
 from idem_platform.ledger import Ledger
@@ -35,26 +34,12 @@ from idem_platform.sources.push.server import (
     free_port,
     serve_in_background,
 )
-from idem_platform_tests.conftest import (
-    EXAMPLE_CONFIG,
-    cli_env,
-    idem_command,
-    reset_database,
-    write_config,
-)
-from idem_platform_tests.push_load import run_load
+from idem_platform_tests.helpers.cli import cli_env, idem_command
+from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.push import landed_files, push_config
+from idem_platform_tests.helpers.push_load import run_load
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
-
-
-def push_config(directory: Path, **http: Any) -> IdemConfig:
-    """The example's tables with an http connector ``push`` and an otlp connector ``otel``."""
-    example = yaml.safe_load(EXAMPLE_CONFIG.read_text(encoding="utf-8"))
-    example["connectors"] = [
-        {"name": "push", "kind": "http", "path": "drop/push", "record_type_field": "type", "id_field": "id", **http},
-        {"name": "otel", "kind": "otlp", "path": "drop/otel"},
-    ]
-    return write_config(directory, yaml.safe_dump(example, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +61,6 @@ def client(served: tuple[BackgroundServer, IdemConfig]) -> Iterator[httpx.Client
 
 def body(*records: dict[str, Any]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in records)
-
-
-def landed_files(config: IdemConfig, name: str = "push") -> list[Path]:
-    directory = config.connector(name).path
-    assert directory is not None
-    return sorted(p for p in directory.iterdir()) if directory.exists() else []
 
 
 def ledger_row(url: str, namespace: str, key: str) -> tuple[Any, ...] | None:
@@ -318,7 +297,7 @@ def test_the_connectors_sensor_picks_up_what_idem_serve_lands_and_its_run_commit
 ) -> None:
     import dagster as dg
 
-    from idem_platform_tests.conftest import SensorTicker
+    from idem_platform_tests.helpers.sensors import SensorTicker
 
     reset_database(pg_url)
     config = push_config(tmp_path)

@@ -30,8 +30,8 @@ from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.sources.push.context import ServeSettings
 from idem_platform.sources.push.server import BackgroundServer, serve_in_background
-from idem_platform_tests.conftest import reset_database
-from idem_platform_tests.test_serve import landed_files, push_config
+from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.push import landed_files, push_config
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.spark.session import DRIVER_JIT_OPTION, driver_java_options
-from idem_platform_tests.conftest import cli_env, idem_command, wait_until_staging
+from idem_platform_tests.helpers.cli import cli_env, idem_command
+from idem_platform_tests.helpers.faults import wait_until_staging
 
 pytestmark = pytest.mark.slow
 

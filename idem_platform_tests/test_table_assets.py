@@ -22,8 +22,9 @@ from idem_platform.defs.tables import TABLE_IO_MANAGER, count_rows, table_asset_
 from idem_platform.errors import ConfigError
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
-from idem_platform_tests import migrations_fixture
-from idem_platform_tests.conftest import example_text, reset_database, write_config
+from idem_platform_tests.helpers import migrations_fixture
+from idem_platform_tests.helpers.config import example_text, write_config
+from idem_platform_tests.helpers.database import reset_database
 
 LINES = [
     # 2026-01-01 (UTC): low, medium, high (+02:00 is still the 1st in UTC)
@@ -271,7 +272,7 @@ def test_old_rows_arrive_migrated_and_a_failing_migration_fails_the_read_unless_
     pg_url: str, tmp_path: Path, instance: dg.DagsterInstance, spark: Any
 ) -> None:
     """Rows written at v1, read by an asset after the table moved to v3
-    (:mod:`idem_platform_tests.migrations_fixture`: rename, then °F -> °C; sensor
+    (:mod:`idem_platform_tests.helpers.migrations_fixture`: rename, then °F -> °C; sensor
     ``broken`` cannot be migrated)."""
     reset_database(pg_url)
     v1 = write_config(tmp_path, READINGS_V1)

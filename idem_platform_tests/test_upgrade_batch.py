@@ -20,7 +20,7 @@ from idem_platform.migrations import MigrationFailed, MigrationSource
 from idem_platform.read.plan import ERROR_COLUMN, ConnectorRules, ReadPlan
 from idem_platform.read.planner import frame_columns
 from idem_platform.read.upgrade import KEEP, RAISE, SKIP, upgrade_batch
-from idem_platform_tests import migrations_fixture
+from idem_platform_tests.helpers import migrations_fixture
 
 SPEC = TableSpec(
     "reading",

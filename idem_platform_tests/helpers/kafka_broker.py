@@ -189,7 +189,7 @@ def spread(lines: Iterable[str], partitions: int, *, keyed: bool = True) -> list
 
 
 def main() -> None:
-    """``python -m idem_platform_tests.kafka_broker [PORT]``: a Tansu broker to try the Kafka
+    """``python -m idem_platform_tests.helpers.kafka_broker [PORT]``: a Tansu broker to try the Kafka
     connector with (in memory: its topics are gone when it stops). Ctrl-C stops it."""
     import sys
 
