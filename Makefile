@@ -89,7 +89,7 @@ bench-migrate: install
 
 ## kafka-broker: the in-memory Kafka-protocol test broker (Tansu) on 127.0.0.1:9092, for trying the Kafka connector
 kafka-broker: install
-	$(PY) -m idem_platform_tests.kafka_broker $(ARGS)
+	$(PY) -m idem_platform_tests.helpers.kafka_broker $(ARGS)
 
 ## lint: ruff, then mypy (either one's error fails it)
 lint: install
