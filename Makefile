@@ -45,7 +45,7 @@ test-fast: typecheck
 
 ## fuzz: the line reader, parser and coercion on many more generated inputs than CI runs (no Spark, no PostgreSQL)
 fuzz: install
-	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider --timeout=0 idem_platform_tests/test_fuzz.py $(ARGS)
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider --timeout=0 idem_platform_tests/coercion/test_fuzz.py $(ARGS)
 
 ## dev: embedded PostgreSQL + dagster dev on the example
 dev: install

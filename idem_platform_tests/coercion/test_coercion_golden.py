@@ -49,8 +49,9 @@ from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.batches import lines_batch
 from idem_platform_tests.helpers.config import write_config
 from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.paths import CASES_DIR
 
-CASES_FILE = Path(__file__).resolve().parent / "cases" / "coercion_golden.jsonl"
+CASES_FILE = CASES_DIR / "coercion_golden.jsonl"
 CONNECTOR = "golden"
 _KEYS = {"id", "type", "required", "field", "json", "arrow", "stored", "reject", "note"}
 
