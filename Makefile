@@ -45,7 +45,7 @@ test-fast: typecheck
 
 ## fuzz: the line reader, parser and coercion on many more generated inputs than CI runs (no Spark, no PostgreSQL)
 fuzz: install
-	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider --timeout=0 idem_platform_tests/test_fuzz.py $(ARGS)
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider --timeout=0 idem_platform_tests/coercion/test_fuzz.py $(ARGS)
 
 ## dev: embedded PostgreSQL + dagster dev on the example
 dev: install
@@ -89,7 +89,7 @@ bench-migrate: install
 
 ## kafka-broker: the in-memory Kafka-protocol test broker (Tansu) on 127.0.0.1:9092, for trying the Kafka connector
 kafka-broker: install
-	$(PY) -m idem_platform_tests.kafka_broker $(ARGS)
+	$(PY) -m idem_platform_tests.helpers.kafka_broker $(ARGS)
 
 ## lint: ruff, then mypy (either one's error fails it)
 lint: install

@@ -58,7 +58,7 @@ def main() -> int:
     try:
         for mode in modes:
             if mode == "cluster":
-                from idem_platform_tests.spark_cluster import (
+                from idem_platform_tests.helpers.spark_cluster import (
                     FAST_FAILURE_DAEMON_CONF,
                     start_spark_cluster,
                 )

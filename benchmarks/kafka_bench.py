@@ -54,7 +54,7 @@ def write_config(directory: Path, bootstrap: str, topic: str, master: str, conf:
 
 
 def produce_feed(bootstrap: str, topic: str, partitions: int, feed: Path) -> int:
-    from idem_platform_tests.kafka_broker import create_topic, produce
+    from idem_platform_tests.helpers.kafka_broker import create_topic, produce
 
     create_topic(bootstrap, topic, partitions)
     with feed.open("rb") as handle:
@@ -108,7 +108,7 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     feed = data_file(workdir, args.records)
 
-    from idem_platform_tests.kafka_broker import Broker
+    from idem_platform_tests.helpers.kafka_broker import Broker
 
     broker = Broker(bootstrap=args.bootstrap) if args.bootstrap else Broker.start_tansu()
     cluster = None
@@ -122,7 +122,7 @@ def main() -> int:
         results: dict[str, dict[str, Phase]] = {}
         for mode in args.modes.split(","):
             if mode == "cluster":
-                from idem_platform_tests.spark_cluster import (
+                from idem_platform_tests.helpers.spark_cluster import (
                     FAST_FAILURE_DAEMON_CONF,
                     start_spark_cluster,
                 )

@@ -5,7 +5,7 @@
 1. ``idem.reading`` is filled by SQL (``generate_series``, no ingest: the ingest has its
    own benchmark) with ``--records`` rows, every other one stored at v1 (its
    ``_payload`` in the v1 shape: ``temp`` in °F, ``meta``), the others at the current v3;
-   the chain v1 -> v2 -> v3 is the tests' ``reading`` one (:mod:`idem_platform_tests.migrations_fixture`,
+   the chain v1 -> v2 -> v3 is the tests' ``reading`` one (:mod:`idem_platform_tests.helpers.migrations_fixture`,
    copied beside the config: rename, then °F -> °C);
 2. **read, mixed**: ``read_table`` of the whole table in this process (Spark session
    and its Python workers started beforehand, not timed), materialized by Spark's ``noop`` sink: every row in
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg  # noqa: E402
 
 from benchmarks.harness import cpu_speed, embedded_server, environment, fresh_database, run_idem  # noqa: E402
-from idem_platform_tests import migrations_fixture  # noqa: E402
+from idem_platform_tests.helpers import migrations_fixture  # noqa: E402
 
 CONFIG = migrations_fixture.reading_config(
     3,

@@ -12,7 +12,7 @@ landing directory, and starts ``idem serve`` as a child process, as a user would
   imports, the config, ``ensure_schema``, uvicorn, the pool's first connection); ``banner``
   is when its start line appeared (everything before uvicorn);
 * ``load``: ``--requests`` POSTs over ``--keys`` keys from ``--clients`` threads
-  (:func:`idem_platform_tests.push_load.run_load`: every key once, the rest random
+  (:func:`idem_platform_tests.helpers.push_load.run_load`: every key once, the rest random
   repeats racing their first request; a ``409`` is retried after ``Retry-After``);
 * ``replay``: the same load again: every answer a replay of a recorded one;
 * ``sequential``: ``--sequential`` fresh keys from one client, one after another
@@ -57,7 +57,7 @@ from psycopg import sql  # noqa: E402
 from benchmarks.harness import environment, fresh_database  # noqa: E402
 from idem_platform.config import load_config  # noqa: E402
 from idem_platform.sources.push.server import LOOPBACK, free_port  # noqa: E402
-from idem_platform_tests.push_load import LoadResult, body_for, run_load  # noqa: E402
+from idem_platform_tests.helpers.push_load import LoadResult, body_for, run_load  # noqa: E402
 
 DATABASE = "idem_push_bench"
 CONNECTOR = "push"

@@ -13,7 +13,8 @@ from idem_platform.cli import SUMMARY_KEYS, main
 from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
-from idem_platform_tests.conftest import EXAMPLE_CONFIG, example_text
+from idem_platform_tests.helpers.config import example_text
+from idem_platform_tests.helpers.paths import EXAMPLE_CONFIG
 
 
 @pytest.fixture
@@ -181,7 +182,7 @@ def test_an_unforeseen_failure_is_one_line_with_the_traceback_in_a_file(
 def test_a_bad_spark_master_is_one_line_naming_it(pg_url: str, threatfeed: IdemConfig, tmp_path: Path) -> None:
     import subprocess
 
-    from idem_platform_tests.conftest import cli_env, idem_command
+    from idem_platform_tests.helpers.cli import cli_env, idem_command
 
     assert threatfeed.connector("threatfeed").path is not None
     path = write_lines(threatfeed.connector("threatfeed").path / "m.ndjson", ['{"type":"malware","id":"m","name":"x"}'])
@@ -367,7 +368,7 @@ def test_ingest_needs_connector_only_when_the_config_has_several(
 def test_ingest_picks_the_connector_whose_directory_holds_the_files(
     env: IdemConfig, spark: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from idem_platform_tests.conftest import write_config
+    from idem_platform_tests.helpers.config import write_config
 
     full = write_config(Path(str(env.source)).parent, EXAMPLE_CONFIG.read_text(encoding="utf-8"))  # + http, otlp
     monkeypatch.setenv("IDEM_CONFIG", str(full.source))

@@ -8,7 +8,7 @@ import pytest
 
 from idem_platform.config import load_config, parse_config
 from idem_platform.errors import ConfigError
-from idem_platform_tests.conftest import EXAMPLE_CONFIG
+from idem_platform_tests.helpers.paths import EXAMPLE_CONFIG
 
 
 def test_example_uses_every_catalog_type_across_three_record_types() -> None:

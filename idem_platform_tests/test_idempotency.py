@@ -34,8 +34,9 @@ from idem_platform.idempotency import (
     run_idempotently,
 )
 from idem_platform.postgres import connect
-from idem_platform_tests import idempotency_race
-from idem_platform_tests.conftest import SPEC_DIR, reset_database
+from idem_platform_tests.helpers import idempotency_race
+from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.paths import SPEC_DIR
 
 NS = "payments.charges"
 

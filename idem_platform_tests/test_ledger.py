@@ -18,7 +18,7 @@ from idem_platform.ledger import (
     request_hash,
 )
 from idem_platform.postgres import connect
-from idem_platform_tests.conftest import reset_database
+from idem_platform_tests.helpers.database import reset_database
 
 
 @pytest.fixture

@@ -1,0 +1,32 @@
+"""The test database: emptied between tests, queried for what a test checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import sql
+
+from idem_platform.postgres import connect
+
+
+def reset_database(url: str) -> None:
+    """Drop the record tables and empty idem's own tables: each test starts from nothing."""
+    with connect(url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'idem' AND tablename <> 'schema_migrations'"
+        ).fetchall()
+        own = {"ingest_ledger", "commits", "source_offsets", "rejects", "execution_log", "catalog"}
+        for (name,) in tables:
+            ident = sql.SQL("idem.{}").format(sql.Identifier(name))
+            if name in own:
+                conn.execute(sql.SQL("TRUNCATE {}").format(ident))
+            else:
+                conn.execute(sql.SQL("DROP TABLE {}").format(ident))
+        for (name,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'idem_staging'").fetchall():
+            conn.execute(sql.SQL("DROP TABLE idem_staging.{}").format(sql.Identifier(name)))
+
+
+def rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Every row ``query`` returns (a fresh connection: what another client would see)."""
+    with connect(url) as conn:
+        return conn.execute(query, list(params)).fetchall()
