@@ -42,10 +42,11 @@ from idem_platform.sources.filedrop import hash_file
 from idem_platform.write.apply import StagedAttempt, promote
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, new_attempt_id
-from idem_platform_tests import migrations_fixture
-from idem_platform_tests.conftest import lines_batch, reset_database
-from idem_platform_tests.staging_fixture import claimed_plan
-from idem_platform_tests.test_ingest import ingest, rows
+from idem_platform_tests.helpers import migrations_fixture
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.database import reset_database, rows
+from idem_platform_tests.helpers.ingest import ingest
+from idem_platform_tests.helpers.staging_fixture import claimed_plan
 
 NUMBERS = ("1.000000000000000005", "1e-999", "123456789012345678901234567890", "-0.0", "1E+2")
 TYPED = ("x", "tiny", "neg", "hundred")  # real columns: 1.000000000000000005, 1e-999, -0.0, 1E+2

@@ -20,9 +20,9 @@ from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop import hash_file
 from idem_platform.write.apply import StagedAttempt, promote
 from idem_platform.write.staging import StagingWriter, new_attempt_id
-from idem_platform_tests.conftest import lines_batch
-from idem_platform_tests.staging_fixture import claimed_plan
-from idem_platform_tests.test_ingest import rows
+from idem_platform_tests.helpers.batches import lines_batch
+from idem_platform_tests.helpers.database import rows
+from idem_platform_tests.helpers.staging_fixture import claimed_plan
 
 REPAIR = next(version for version, name, _ in migrations() if name == "evolved_json_null")
 
