@@ -5,6 +5,9 @@ Without ``--workspace``, ``./workspace.yaml`` is used if there is one, else idem
 (``idem_platform/workspace.yaml``: the code location ``idem_platform`` from
 ``idem_platform.definitions``, what the checkout's file says too). A ``--workspace`` that
 does not exist is one clear line before anything starts, not ``dagster dev``'s usage text.
+
+PySpark (through :mod:`idem_platform.spark.reuse`) is imported when the Spark server
+starts, so ``idem --help`` stays fast.
 """
 
 from __future__ import annotations
