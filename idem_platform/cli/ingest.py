@@ -27,7 +27,7 @@ from idem_platform.settings import POSTGRES_URL_ENV
 
 
 @click.command("ingest", cls=IdemCommand)
-@click.option("--connector", help="which connector (default: the one whose directory holds the files, else the only one)")
+@click.option("--connector", metavar="NAME", help="which connector (default: the one whose directory holds the files, else the only one)")
 @click.option("--replay", is_flag=True, help="tag the run as a replay (skips count as replay_skip)")
 @json_option()
 @click.argument("files", nargs=-1, metavar="[FILE]...")

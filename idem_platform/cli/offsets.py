@@ -21,7 +21,7 @@ COLUMNS = ("connector", "topic", "partition", "committed", "high", "lag")
 
 
 @click.command("offsets", cls=IdemCommand)
-@click.option("--connector", help="one Kafka connector (default: all)")
+@click.option("--connector", metavar="NAME", help="one Kafka connector (default: all)")
 @json_option()
 def offsets(connector: str | None) -> dict[str, Any] | None:
     """Per Kafka partition: committed offset, log end and lag."""

@@ -24,7 +24,7 @@ from idem_platform.config import load_config
 from idem_platform.postgres import connect
 from idem_platform.sources.rejects.listing import list_rejects
 
-_connector = click.option("--connector", help="only this connector's rejects")
+_connector = click.option("--connector", metavar="NAME", help="only this connector's rejects")
 _commit = click.option("--commit", type=COMMIT_ID, help="only the rejects of this commit id")
 _limit = click.option("--limit", type=AT_LEAST_ONE, help="at most this many (default 50)")
 _dry_run = click.option("--dry-run", is_flag=True, help="retry: count what would pass now, commit nothing")
