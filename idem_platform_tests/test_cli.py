@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from idem_platform.cli import SUMMARY_KEYS, main
+from idem_platform.cli import main
+from idem_platform.cli.common import SUMMARY_KEYS
 from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
@@ -55,8 +56,8 @@ def test_ingest_prints_one_summary_line_then_replays(env: IdemConfig, spark: Any
     (reject,) = [json.loads(line) for line in lines]
     assert code == 0 and reject["line"] == 2 and reject["raw"] == "{bad" and reject["connector"] == "threatfeed"
     assert reject["position"].endswith("#L2") and reject["reasons"][0]["rule"] == "json"
-    code, lines, _ = run(capsys, "rejects", "--connector", "other")
-    assert code == 0 and lines == []
+    code, lines, _ = run(capsys, "rejects", "--connector", "threatfeed", "--commit", summary["commit_id"])
+    assert code == 0 and len(lines) == 1
 
 
 def test_multiple_files_commit_together(env: IdemConfig, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,7 +102,7 @@ def test_ledger_purge(env: IdemConfig, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_a_terminal_gets_a_summary_for_people() -> None:
-    from idem_platform.cli import human_summary
+    from idem_platform.cli.output import human_summary
 
     summary = {
         "commit_id": "c-1", "rows_written": 900_473, "rows_skipped": 99_527, "rows_rejected": 12, "replayed": False,
@@ -118,7 +119,7 @@ def test_a_terminal_gets_a_summary_for_people() -> None:
 
 
 def test_urls_are_shown_without_their_password() -> None:
-    from idem_platform.cli import masked
+    from idem_platform.redact import masked
 
     assert masked("postgresql://idem:s3cret@db:5432/idem?sslmode=require") == "postgresql://idem:***@db:5432/idem?sslmode=require"
     assert masked("postgresql://postgres@127.0.0.1:5432/postgres") == "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -156,14 +157,14 @@ def test_a_config_that_is_not_utf8_is_one_line(env: IdemConfig, tmp_path: Path, 
 def test_an_unforeseen_failure_is_one_line_with_the_traceback_in_a_file(
     env: IdemConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import idem_platform.cli as cli
+    import idem_platform.cli.offsets as cli
 
     monkeypatch.setenv("IDEM_HOME", str(tmp_path / "home-idem"))
 
-    def broken(args: object) -> None:
+    def broken(*args: object) -> None:
         raise RuntimeError("something nobody foresaw\nsecond line")
 
-    monkeypatch.setattr(cli, "cmd_offsets", broken)
+    monkeypatch.setattr(cli, "offsets_report", broken)
     umask = os.umask(0o022)  # the usual one, under which plain writes are world-readable
     try:
         code, _, err = run(capsys, "offsets")
@@ -279,17 +280,17 @@ def test_ingest_refuses_a_symlink_out_of_the_drop_directory_in_the_sensors_words
 def test_verbose_prints_an_unforeseen_errors_traceback_then_the_same_one_line(
     env: IdemConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import idem_platform.cli as cli
+    import idem_platform.cli.offsets as cli
 
     monkeypatch.setenv("IDEM_HOME", str(tmp_path / "home-idem"))
 
-    def broken(args: object) -> None:
+    def broken(*args: object) -> None:
         try:
             {}["missing"]
         except KeyError as exc:
             raise RuntimeError("something nobody foresaw") from exc
 
-    monkeypatch.setattr(cli, "cmd_offsets", broken)
+    monkeypatch.setattr(cli, "offsets_report", broken)
     code, _, quiet = run(capsys, "offsets")
     assert code == 1 and quiet.count("\n") == 1 and "Traceback" not in quiet
     for argv in (("-v", "offsets"), ("offsets", "--verbose")):
@@ -304,16 +305,16 @@ def test_verbose_prints_an_unforeseen_errors_traceback_then_the_same_one_line(
 def test_verbose_prints_the_cause_of_a_foreseen_error_and_nothing_for_a_plain_one(
     env: IdemConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import idem_platform.cli as cli
+    import idem_platform.cli.offsets as cli
     from idem_platform.errors import KafkaError
 
-    def unreachable(args: object) -> None:
+    def unreachable(*args: object) -> None:
         try:
             raise ConnectionRefusedError(111, "Connection refused")
         except OSError as exc:
             raise KafkaError("Kafka brokers 127.0.0.1:1 unreachable") from exc
 
-    monkeypatch.setattr(cli, "cmd_offsets", unreachable)
+    monkeypatch.setattr(cli, "offsets_report", unreachable)
     code, _, quiet = run(capsys, "offsets")
     assert code == 1 and quiet == "idem: error: Kafka brokers 127.0.0.1:1 unreachable\n"
     code, _, err = run(capsys, "-v", "offsets")
@@ -385,3 +386,99 @@ def test_ingest_picks_the_connector_whose_directory_holds_the_files(
     outside = write_lines(Path(str(env.source)).parent / "elsewhere.ndjson", ['{"type":"malware","id":"q","name":"y"}'])
     code, lines, _ = run(capsys, "ingest", str(outside))  # no connector's directory: the only file-drop one
     assert code == 0 and json.loads(lines[0])["rows_written"] == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("rejects", "--connector", "typo"),
+        ("rejects", "list", "--connector", "typo"),
+        ("rejects", "--connector", "typo", "list"),
+        ("rejects", "retry", "--connector", "typo", "--dry-run"),
+        ("offsets", "--connector", "typo"),
+        ("ingest", "--connector", "typo"),
+    ],
+)
+def test_an_unknown_connector_is_one_line_naming_the_known_ones(
+    env: IdemConfig, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+) -> None:
+    """A typo in --connector used to list nothing and exit 0 (``idem rejects``)."""
+    code, lines, err = run(capsys, *argv)
+    assert code == 1 and lines == []
+    assert err == f"idem: error: {env.source}: no connector named 'typo' (known: threatfeed)\n"
+
+
+def test_rejects_of_a_connector_removed_from_the_config_are_still_listed(
+    env: IdemConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with connect(os.environ["IDEM_POSTGRES_URL"]) as conn, conn.transaction():
+        conn.execute(
+            "INSERT INTO idem.rejects (commit_id, connector, source, position, raw, raw_length, reasons) "
+            "VALUES (gen_random_uuid(), 'retired', 'old.ndjson', 'old.ndjson#L1', '{x', 2, '[]')"
+        )
+    code, lines, err = run(capsys, "rejects", "--connector", "retired")
+    assert code == 0, err
+    assert [json.loads(line)["connector"] for line in lines] == ["retired"]
+
+
+def test_shared_options_are_accepted_before_the_command(
+    env: IdemConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``idem --config F rejects`` was refused: --config went only after the command."""
+    code, _, err = run(capsys, "--config", str(env.source), "rejects", "--connector", "threatfeed")
+    assert code == 0, err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("connectors: 5\n")
+    for argv in (("--config", str(broken), "rejects", "--connector", "x"), ("--config", str(broken), "-v", "offsets")):
+        code, _, err = run(capsys, *argv)
+        assert code == 1 and err.startswith(f"idem: error: {broken}: connectors (line 1)"), err
+    # given on both sides, the one after the command wins
+    code, _, err = run(capsys, "--config", str(broken), "rejects", "--config", str(env.source), "--connector", "threatfeed")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "has", "lacks"),
+    [
+        (("rejects", "retry", "--help"), "Usage: idem rejects retry [OPTIONS]", "--dry-run", "--limit"),
+        (("rejects", "list", "--help"), "Usage: idem rejects list [OPTIONS]", "--limit", "--dry-run"),
+        (("rejects", "--help"), "Usage: idem rejects [OPTIONS] [COMMAND] [ARGS]...", "retry", "--no-such"),
+    ],
+)
+def test_rejects_list_and_retry_have_their_own_help(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], usage: str, has: str, lacks: str
+) -> None:
+    """``idem rejects retry --help`` used to print the listing's help."""
+    code, lines, _ = run(capsys, *argv)
+    assert code == 0 and lines[0] == usage
+    assert has in "\n".join(lines) and lacks not in "\n".join(lines)
+
+
+def test_dev_with_a_missing_workspace_is_one_line_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, pg_url: str
+) -> None:
+    """``idem dev`` with no workspace file used to start PostgreSQL, then print dagster's usage."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("IDEM_POSTGRES_URL", pg_url)
+    monkeypatch.setenv("IDEM_HOME", str(tmp_path / "idem-home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster-home"))
+    missing = tmp_path / "workspace.yaml"
+    code, lines, err = run(capsys, "dev", "--workspace", str(missing), "--no-spark-server")
+    assert code == 1 and lines == [] and err.count("\n") == 1
+    assert err.startswith(f"idem: error: no workspace file {missing}: name an existing one with --workspace")
+    assert not (tmp_path / "dagster-home").exists() and not (tmp_path / "idem-home").exists()
+
+
+def test_dev_without_a_workspace_file_loads_idems_own_code_location(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    from idem_platform.cli.dev import workspace_file
+
+    monkeypatch.chdir(tmp_path)
+    builtin = yaml.safe_load(workspace_file(None).read_text(encoding="utf-8"))
+    assert builtin == yaml.safe_load((Path(__file__).parents[1] / "workspace.yaml").read_text(encoding="utf-8"))
+    assert builtin["load_from"][0]["python_module"]["module_name"] == "idem_platform.definitions"
+    (tmp_path / "workspace.yaml").write_text("load_from: []\n")
+    assert workspace_file(None) == tmp_path / "workspace.yaml"

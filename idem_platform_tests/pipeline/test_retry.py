@@ -395,7 +395,8 @@ def test_cli_retry_dry_run_then_retry_then_nothing(
     pg_url: str, tmp_path: Path, strict: IdemConfig, spark: Any, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from idem_platform.cli import SUMMARY_KEYS, main
+    from idem_platform.cli import main
+    from idem_platform.cli.common import SUMMARY_KEYS
 
     config = strict
     monkeypatch.setenv("IDEM_POSTGRES_URL", pg_url)

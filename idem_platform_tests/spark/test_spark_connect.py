@@ -359,7 +359,7 @@ def test_a_process_that_started_spark_itself_stays_on_it_when_the_server_comes_u
     home = tmp_path / "idem-home"
     code = (
         "import sys\n"
-        "from idem_platform.cli import use_spark_server\n"
+        "from idem_platform.spark.reuse import use_spark_server\n"
         "from idem_platform.config import load_config\n"
         "config = load_config(sys.argv[1])\n"
         "first = use_spark_server(config)\n"

@@ -256,7 +256,7 @@ def test_every_record_of_a_mixed_batch_is_counted(pg_url: str, feeds: IdemConfig
     assert events == {"written": 5, "idempotent_skip": 10, "replay_skip": 41}
     assert skipped == (51,)
     # What people read: the terminal summary and the Dagster materialization.
-    from idem_platform.cli import human_summary
+    from idem_platform.cli.output import human_summary
     from idem_platform.defs.summary import summary_metadata
 
     assert f"41 of the skipped are records of files committed before: {first}" in human_summary(mixed)

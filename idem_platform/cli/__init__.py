@@ -1,0 +1,112 @@
+"""``idem``: the command line. On a terminal a short summary for people; piped (or with
+``--json``) one JSON line on success; one ``idem: error: …`` line otherwise.
+
+``idem ingest`` runs the very same Dagster job the sensor launches, in process,
+against the same instance (``$DAGSTER_HOME``, default ``.idem/dagster`` on the
+same PostgreSQL), so CLI runs show up in ``dagster dev`` like any other.
+
+One module per command group; this one holds the root group and :func:`main`, which
+turns every outcome into the contract above: Click's own usage errors keep Click's
+text and exit status 2, a foreseen failure is one line (exit 1), an unforeseen one is
+one line naming a log file with its traceback. Dagster and PySpark are imported only
+by the commands that run them, so ``idem --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+import psycopg
+
+# The command modules, not their commands: `idem_platform.cli.offsets` stays the module.
+from idem_platform.cli import (
+    dev,
+    ingest,
+    ledger,
+    migrate,
+    offsets,
+    read,
+    rejects,
+    retype,
+    serve,
+    spark,
+)
+from idem_platform.cli.options import IdemGroup, Invocation
+from idem_platform.cli.output import (
+    CommandError,
+    emit,
+    exit_process,
+    fail,
+    traceback_text,
+    unexpected,
+    worth_tracing,
+)
+from idem_platform.config import SPARK_REMOTE_ENV
+from idem_platform.errors import IdemError
+from idem_platform.redact import remember_url
+from idem_platform.settings import POSTGRES_URL_ENV
+
+
+class RootGroup(IdemGroup):
+    """The ``idem`` group: commands listed in the order people meet them, and ``promote``
+    accepted as the former name of ``retype`` (kept for one release, not listed)."""
+
+    ALIASES = {"promote": "retype"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, self.ALIASES.get(cmd_name, cmd_name))
+
+
+@click.group("idem", cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def idem() -> None:
+    """Exactly-once JSON ingestion into PostgreSQL."""
+
+
+for _command in (
+    ingest.ingest, ingest.demo, read.read, ledger.ledger, rejects.rejects, retype.retype, migrate.migrate,
+    offsets.offsets, serve.serve, dev.dev, spark.spark,
+):
+    idem.add_command(_command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``idem`` with ``argv`` (default: the process's arguments); return the exit status."""
+    remember_url(os.environ.get(POSTGRES_URL_ENV))  # no message below may show its password
+    remember_url(os.environ.get(SPARK_REMOTE_ENV))  # nor a Spark Connect server's token
+    invocation = Invocation()
+    try:
+        output = _invoke(argv, invocation)
+    except click.exceptions.Exit as exc:  # --help
+        return exc.exit_code
+    except click.ClickException as exc:  # a usage error: Click's usage text, exit status 2
+        exc.show()
+        return exc.exit_code
+    except (IdemError, CommandError) as exc:
+        return fail(str(exc), worth_tracing(exc) if invocation.verbose else None)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        return 130
+    except psycopg.OperationalError as exc:  # PostgreSQL down or unreachable: no bug, one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return fail(f"PostgreSQL unreachable: {first}", traceback_text(exc) if invocation.verbose else None)
+    except Exception as exc:  # noqa: BLE001 - anything unforeseen: one line, the traceback in a file
+        return fail(unexpected(exc), traceback_text(exc) if invocation.verbose else None)
+    return emit(output, invocation.json)
+
+
+def _invoke(argv: Sequence[str] | None, invocation: Invocation) -> Any:
+    """Parse ``argv`` and run the command; its report (a dict) or ``None``."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    with idem.make_context("idem", args, obj=invocation) as ctx:
+        return idem.invoke(ctx)
+
+
+def run() -> None:
+    """The ``idem`` console script."""
+    exit_process(main())

@@ -1,0 +1,120 @@
+"""``idem ingest`` and ``idem demo``: a connector's files (or Kafka lag) committed in process,
+by the very Dagster job the sensor launches, against the same instance.
+
+The push server of the demo (FastAPI) is imported when the demo pushes: ``idem --help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import click
+
+from idem_platform.cli.common import choose_connector, prepare_environment, public_summary
+from idem_platform.cli.options import IdemCommand, invocation, json_option
+from idem_platform.cli.output import CommandError
+from idem_platform.cli.runs import ingest_connector
+from idem_platform.config import ConnectorConfig, IdemConfig, load_config
+from idem_platform.redact import masked
+from idem_platform.samples import threatfeed_lines, write_lines
+from idem_platform.settings import POSTGRES_URL_ENV
+
+
+@click.command("ingest", cls=IdemCommand)
+@click.option("--connector", metavar="NAME", help="which connector (default: the one whose directory holds the files, else the only one)")
+@click.option("--replay", is_flag=True, help="tag the run as a replay (skips count as replay_skip)")
+@json_option()
+@click.argument("files", nargs=-1, metavar="[FILE]...")
+def ingest(connector: str | None, replay: bool, files: tuple[str, ...]) -> dict[str, Any]:
+    """Ingest a connector's files, or its Kafka lag, in process, exactly once.
+
+    FILE: a file-drop connector's files (none for a Kafka connector).
+    """
+    started = time.monotonic()
+    config = load_config(invocation().config)
+    # A usage error is said before PostgreSQL is reached (or the embedded one started).
+    name = choose_connector(config, connector, files)
+    prepare_environment()
+    summary = ingest_connector(config, name, files, replay=replay)
+    return public_summary(summary, time.monotonic() - started)
+
+
+@click.command("demo", cls=IdemCommand)
+@click.option("--records", type=int, default=5000, show_default=True, help="records per sample drop")
+@json_option()
+def demo(records: int) -> dict[str, Any]:
+    """Write sample drops and ingest them (then replay one)."""
+    started = time.monotonic()
+    prepare_environment()
+    config = load_config(invocation().config)
+    connector = next((c for c in config.connectors if c.kind == "filedrop"), None)
+    if connector is None or connector.path is None:
+        raise CommandError("the demo needs a filedrop connector in the config")
+    day = time.strftime("%Y-%m-%d")
+    lines = list(threatfeed_lines(records, seed=1, bad_ratio=0.01))
+    first = write_lines(connector.path / f"threatfeed-{day}-a.ndjson", lines)
+    # The second drop re-sends the second half of the first (same records, same
+    # keys: skipped) followed by as many new records (written).
+    fresh = threatfeed_lines(records // 2, seed=2, start=10 * records)
+    second = write_lines(connector.path / f"threatfeed-{day}-b.ndjson", [*lines[len(lines) // 2 :], *fresh])
+    runs = [
+        ingest_connector(config, connector.name, [str(first)]),
+        ingest_connector(config, connector.name, [str(second)]),
+        ingest_connector(config, connector.name, [str(first)]),
+    ]
+    totals = {k: sum(int(r[k]) for r in runs) for k in ("rows_written", "rows_skipped", "rows_rejected")}
+    summary = {
+        "commit_id": runs[-1]["commit_id"],
+        **totals,
+        "replayed": bool(runs[-1]["replayed"]),
+        "files": [str(first), str(second)],
+        "seconds": round(time.monotonic() - started, 3),
+        "runs": [public_summary(r, float(r.get("seconds", 0))) for r in runs],
+        "postgres": masked(os.environ[POSTGRES_URL_ENV]),
+    }
+    pusher = next((c for c in config.connectors if c.kind == "http"), None)
+    if pusher is not None:
+        summary["push"] = demo_push(config, pusher, [*lines[:2], *threatfeed_lines(2, seed=3, start=20 * records)])
+        summary["seconds"] = round(time.monotonic() - started, 3)
+    return summary
+
+
+def demo_push(config: IdemConfig, connector: ConnectorConfig, lines: list[str]) -> dict[str, Any]:
+    """One push through ``idem serve``'s API and its replay, then the landed file's ingest.
+
+    The server runs in this process on a free loopback port; the requests are real HTTP.
+    """
+    from idem_platform.sources.push.server import serve_in_background, settings_from_environment
+
+    if connector.path is None:
+        raise CommandError(f"connector {connector.name!r} has no path to land pushed bodies in")
+    body = "".join(line + "\n" for line in lines).encode()
+    key = f"demo-push-{time.strftime('%Y-%m-%d')}"
+    server = serve_in_background(settings_from_environment(config, os.environ[POSTGRES_URL_ENV]))
+    answers = []
+    try:
+        for _ in range(2):
+            request = urllib.request.Request(
+                f"{server.url}/v1/connectors/{connector.name}/records",
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/x-ndjson", "Idempotency-Key": key},
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - our own loopback server
+                answers.append({"status": response.status, **json.loads(response.read())})
+    finally:
+        server.stop()
+    landed = connector.path / Path(answers[0]["path"]).name
+    run = ingest_connector(config, connector.name, [str(landed)])
+    return {
+        "request": f"POST /v1/connectors/{connector.name}/records",
+        "idempotency_key": key,
+        "answers": answers,
+        "run": public_summary(run, float(run.get("seconds", 0))),
+    }

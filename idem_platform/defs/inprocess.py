@@ -1,0 +1,134 @@
+"""A connector's Dagster jobs run in this process, against the instance, as ``idem`` runs them.
+
+``idem ingest`` and ``idem rejects retry`` execute the very jobs the sensor and the UI
+launch (same definitions, same instance: the runs show up in ``dagster dev`` like any
+other), with the terminal logger so a person reads the job's own progress lines, not
+Dagster's events. A failed run becomes one :class:`RunFailed` line; ``details`` keeps the
+error Dagster recorded (traceback and causes) for ``--verbose``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+import dagster as dg
+
+from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.defs.connector.names import asset_keys, job_name
+from idem_platform.defs.definitions import build_definitions
+from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
+from idem_platform.defs.rejects import retry_job_name, retry_op_name
+from idem_platform.defs.storage import pool_storage_connections
+from idem_platform.defs.summary import summary_from_metadata
+from idem_platform.defs.terminal import terminal_logger
+from idem_platform.errors import TerminalError
+
+
+class RunFailed(TerminalError):
+    """A run in process failed: the message is its first error in one line.
+
+    ``details``: that error as Dagster recorded it, with traceback and causes.
+    """
+
+    def __init__(self, message: str, *, details: str | None = None) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def run_ingest_job(
+    config: IdemConfig, connector: ConnectorConfig, ingest_config: dict[str, Any], partition: str | None,
+    *, replay: bool,
+) -> dict[str, Any]:
+    """Execute the connector's ingest job and return its commit summary.
+
+    Raises:
+        RunFailed: the run failed, or recorded no commit summary.
+    """
+    # The person at the terminal may ingest any file of their own; the code location's
+    # definitions (runs launched from the UI) read only the drop directory.
+    defs = build_definitions(config, files_outside_drop_dir=True)
+    job = defs.resolve_job_def(job_name(connector)).with_logger_defs({"console": terminal_logger})
+    ingest_key, _, committed_key = asset_keys(connector)
+    instance = dg.DagsterInstance.get()
+    pool_storage_connections(instance)  # before the run's first event
+    if partition is not None:
+        partitions = partitions_for(connector)
+        if not instance.has_dynamic_partition(partitions.name or "", partition):
+            instance.add_dynamic_partitions(partitions.name or "", [partition])
+    result = job.execute_in_process(
+        run_config={
+            "ops": {ingest_key.to_python_identifier(): {"config": ingest_config}},
+            "loggers": {"console": {}},  # the terminal logger, not Dagster's default one
+        },
+        instance=instance,
+        partition_key=partition,
+        tags={"idem/replay": "true"} if replay else {},
+        raise_on_error=False,
+    )
+    if not result.success:
+        message, details = failure_message(result)
+        raise RunFailed(message, details=details)
+    for materialization in result.asset_materializations_for_node(committed_key.to_python_identifier()):
+        if materialization.asset_key == committed_key:  # the step also reports the tables it wrote
+            return summary_from_metadata(materialization.metadata)
+    raise RunFailed("the run succeeded but recorded no commit summary")
+
+
+def partition_for(connector: ConnectorConfig, paths: list[str]) -> str:
+    """The run's dynamic partition: the file's own, or one named by the batch's files."""
+    if len(paths) == 1:
+        return partition_key_for(connector, paths[0])
+    return "batch-" + hashlib.sha256("\n".join(sorted(paths)).encode()).hexdigest()[:16]
+
+
+def run_retry_job(
+    config: IdemConfig, connector: ConnectorConfig, *, commit: str | None = None, dry_run: bool = False
+) -> dict[str, Any]:
+    """Execute the connector's ``<connector>_retry_rejects`` job (one commit, or none) and
+    return its summary.
+
+    Raises:
+        RunFailed: the run failed.
+    """
+    job = build_definitions(config).resolve_job_def(retry_job_name(connector))
+    result = job.with_logger_defs({"console": terminal_logger}).execute_in_process(
+        run_config={
+            "ops": {retry_op_name(connector): {"config": {"commit_id": commit, "dry_run": dry_run}}},
+            "loggers": {"console": {}},
+        },
+        instance=dg.DagsterInstance.get(),
+        raise_on_error=False,
+    )
+    if not result.success:
+        message, details = failure_message(result)
+        raise RunFailed(message, details=details)
+    return dict(result.output_for_node(retry_op_name(connector)))
+
+
+def failure_message(result: Any) -> tuple[str, str | None]:
+    """A failed run in one line, and the error Dagster recorded, traceback and causes, for ``--verbose``.
+
+    A failed blocking check is named with its metadata; else the first failed step's
+    innermost error that is not Dagster's own wrapper.
+    """
+    for event in result.all_events:
+        evaluation = event.event_specific_data if event.event_type_value == "ASSET_CHECK_EVALUATION" else None
+        if evaluation is not None and not evaluation.passed:
+            details = {k: v.value for k, v in evaluation.metadata.items()}
+            return f"blocking check {evaluation.check_name} on {evaluation.asset_key.to_user_string()} failed: {json.dumps(details, default=str)[:2000]}", None
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data and event.step_failure_data.error:
+            error = event.step_failure_data.error
+            recorded = error.to_string()
+            while error.cause is not None and "DagsterExecutionStepExecutionError" in error.cls_name:
+                error = error.cause
+            if error.cause is not None and error.cls_name.startswith("Dagster"):
+                error = error.cause
+            message = error.message.strip().splitlines()[0] if error.message.strip() else error.cls_name
+            # "idem_platform.errors.RejectRatioExceeded: 7 of 10 ..." -> "RejectRatioExceeded: 7 of 10 ..."
+            message = re.sub(r"^(?:[a-z_][\w]*\.)+(?=[A-Z]\w*: )", "", message)
+            return f"{event.step_key}: {message}", recorded
+    return "the run failed (see the Dagster run logs)", None
