@@ -123,12 +123,12 @@ class MigrateTask:
                 while pending_rows >= self.batch_rows:
                     table = pa.Table.from_batches(pending, schema=write_schema)
                     head, rest = table.slice(0, self.batch_rows), table.slice(self.batch_rows)
-                    writer = writer or BatchWriter(self, write_schema)
+                    writer = writer or BatchWriter(self.read, self.writes, self.lock_timeout_seconds, write_schema)
                     batches += 1
                     yield self._commit(writer, head, index, batches)
                     pending, pending_rows = rest.to_batches(), rest.num_rows
             if pending_rows:
-                writer = writer or BatchWriter(self, write_schema)
+                writer = writer or BatchWriter(self.read, self.writes, self.lock_timeout_seconds, write_schema)
                 batches += 1
                 yield self._commit(writer, pa.Table.from_batches(pending, schema=write_schema), index, batches)
             if failed:

@@ -9,7 +9,7 @@ target table's rows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import psycopg
 import pyarrow as pa
@@ -19,10 +19,7 @@ from idem_platform.postgres.connection import connect
 from idem_platform.postgres.tables import table_ident
 from idem_platform.read.migrate.errors import MigrateError
 from idem_platform.read.migrate.locks import with_lock_tries
-from idem_platform.read.plan import PAYLOAD_VERSION
-
-if TYPE_CHECKING:
-    from idem_platform.read.migrate.task import MigrateTask
+from idem_platform.read.plan import PAYLOAD_VERSION, ReadColumn, ReadPlan
 
 TEMP_TABLE = "idem_migrate_rows"
 FROM_VERSION = "_from_version"
@@ -44,15 +41,18 @@ class BatchWriter:
     """One task's connection: batches COPYed into a temporary table, then moved by one
     guarded ``UPDATE``, one transaction per batch."""
 
-    def __init__(self, task: MigrateTask, schema: pa.Schema) -> None:
+    def __init__(
+        self, read: ReadPlan, writes: Sequence[ReadColumn], lock_timeout_seconds: float, schema: pa.Schema
+    ) -> None:
         import pgpq
         import pgpq.encoders
         import pgpq.schema
 
-        self.task = task
+        self.read = read
+        self.lock_timeout_seconds = lock_timeout_seconds
         self.schema = schema
-        plan = task.read
-        json_columns = {c.name for c in task.writes if c.kind == "json"}
+        plan = read
+        json_columns = {c.name for c in writes if c.kind == "json"}
         self.encoders = {
             field.name: pgpq.encoders.StringEncoderBuilder.new_with_output(field, pgpq.schema.Jsonb())
             if field.name in json_columns
@@ -64,7 +64,7 @@ class BatchWriter:
         definitions = [
             sql.SQL('_idempotency_key text COLLATE "C" NOT NULL'),
             sql.SQL("{} integer NOT NULL").format(sql.Identifier(FROM_VERSION)),
-        ] + [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(_PG_TYPES[c.kind])) for c in task.writes]
+        ] + [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(_PG_TYPES[c.kind])) for c in writes]
         self.conn = connect(plan.url, autocommit=True, application_name="idem-migrate")
         self.conn.execute(
             sql.SQL("CREATE TEMPORARY TABLE IF NOT EXISTS {} ({}) ON COMMIT DELETE ROWS").format(
@@ -74,7 +74,7 @@ class BatchWriter:
         self.copy = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT binary)").format(
             temp, sql.SQL(", ").join(sql.Identifier(name) for name in schema.names)
         )
-        sets = [sql.SQL("{} = b.{}").format(sql.Identifier(c.name), sql.Identifier(c.name)) for c in task.writes]
+        sets = [sql.SQL("{} = b.{}").format(sql.Identifier(c.name), sql.Identifier(c.name)) for c in writes]
         sets.append(sql.SQL("_schema_version = {}").format(sql.Literal(plan.current_version)))
         payload = sql.Identifier(PAYLOAD_VERSION)
         sets.append(sql.SQL("{} = coalesce(t.{}, t._schema_version)").format(payload, payload))
@@ -99,7 +99,7 @@ class BatchWriter:
         start version (rows moved already by someone else are not counted)."""
         pgpq = self._pgpq
         batches = rows.to_batches()
-        plan = self.task.read
+        plan = self.read
 
         def work() -> dict[int, int]:
             encoder = pgpq.ArrowToPostgresBinaryEncoder.new_with_encoders(self.schema, self.encoders)
@@ -113,7 +113,7 @@ class BatchWriter:
 
         try:
             return with_lock_tries(
-                self.conn, f"rows of idem.{plan.record_type}", self.task.lock_timeout_seconds, work,
+                self.conn, f"rows of idem.{plan.record_type}", self.lock_timeout_seconds, work,
                 undone="that batch was rolled back, batches committed before stay",
             )
         except psycopg.DataError as exc:
