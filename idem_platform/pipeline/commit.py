@@ -41,7 +41,9 @@ from idem_platform.pipeline.ingest import CoercedBatch, read_ledger, record_spec
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.redact import remember_url, scrub
-from idem_platform.write.apply import ClaimLost, Promotion, record_replay
+from idem_platform.write.apply.claim import ClaimLost
+from idem_platform.write.apply.result import record_replay
+from idem_platform.write.apply.transaction import Promotion
 from idem_platform.write.batch import SourceBatch
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import create_staging, drop_staging_quietly

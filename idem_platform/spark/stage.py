@@ -43,7 +43,7 @@ from idem_platform.errors import TransientError
 from idem_platform.faults import checkpoint
 from idem_platform.spark.remote import lost_server
 from idem_platform.spark.slots import is_remote, task_slots
-from idem_platform.write.apply import StagedAttempt
+from idem_platform.write.apply.attempts import StagedAttempt
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, new_attempt_id
 

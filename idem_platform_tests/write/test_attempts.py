@@ -17,7 +17,9 @@ from idem_platform.ledger import Ledger
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.sources.filedrop import Split, hash_file
-from idem_platform.write.apply import ClaimLost, StagedAttempt, promote
+from idem_platform.write.apply.attempts import StagedAttempt
+from idem_platform.write.apply.claim import ClaimLost
+from idem_platform.write.apply.transaction import promote
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import (
     STAGED_SYSTEM,

@@ -18,7 +18,8 @@ from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.schema import migrations
 from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop import hash_file
-from idem_platform.write.apply import StagedAttempt, promote
+from idem_platform.write.apply.attempts import StagedAttempt
+from idem_platform.write.apply.transaction import promote
 from idem_platform.write.staging import StagingWriter, new_attempt_id
 from idem_platform_tests.helpers.batches import lines_batch
 from idem_platform_tests.helpers.database import rows

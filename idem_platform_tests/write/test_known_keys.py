@@ -21,7 +21,8 @@ from idem_platform.postgres import connect
 from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.sources.filedrop import hash_file
-from idem_platform.write.apply import StagedAttempt, promote
+from idem_platform.write.apply.attempts import StagedAttempt
+from idem_platform.write.apply.transaction import promote
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, new_attempt_id
 from idem_platform_tests.helpers.batches import lines_batch

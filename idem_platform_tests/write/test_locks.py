@@ -22,7 +22,7 @@ from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
-from idem_platform.write.apply import ALTER_TRY_SECONDS, LockTimeout
+from idem_platform.write.apply.locks import ALTER_TRY_SECONDS, LockTimeout
 from idem_platform_tests.helpers.config import write_config
 from idem_platform_tests.helpers.database import reset_database
 

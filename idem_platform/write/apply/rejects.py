@@ -1,0 +1,60 @@
+"""The accepted attempts' rejects: their first reasons, and their rows in ``idem.rejects``."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from idem_platform.coercion.records import LINE_BITS, LINE_MASK
+from idem_platform.postgres.schema import SCHEMA
+from idem_platform.write.apply.attempts import StagedAttempt, rejects_tables
+from idem_platform.write.plan import CommitPlan
+
+
+def reject_reasons(conn: psycopg.Connection, plan: CommitPlan, chosen: list[StagedAttempt], limit: int = 5) -> list[str]:
+    """The first ``limit`` rejects' reasons, each located in its unit (``file:line``),
+    for the error of a batch over its reject ratio: enough to see what went wrong."""
+    tables = rejects_tables(plan, chosen)
+    if not tables:
+        return []
+    union = sql.SQL(" UNION ALL ").join(sql.SQL("SELECT _pos, _errors FROM {}").format(t) for t in tables)
+    rows = conn.execute(
+        sql.SQL("SELECT _pos, _errors FROM ({}) r ORDER BY _pos LIMIT %s").format(union), [limit]
+    ).fetchall()
+    reasons = []
+    for pos, errors in rows:
+        unit = plan.units[pos >> LINE_BITS]
+        messages = "; ".join(e["message"] for e in errors)
+        reasons.append(f"{unit.locate(unit.base + (pos & LINE_MASK))}: {messages}")
+    return reasons
+
+
+def insert_rejects(conn: psycopg.Connection, plan: CommitPlan, chosen: list[StagedAttempt]) -> int:
+    """Promote the accepted attempts' rejects, in slice order."""
+    return sum(_insert_attempt_rejects(conn, plan, table) for table in rejects_tables(plan, chosen))
+
+
+def _insert_attempt_rejects(conn: psycopg.Connection, plan: CommitPlan, stage: sql.Composed) -> int:
+    # source: the unit's ledger key; position: as staged; line: the record's
+    # offset in its unit (a file's line number, a message's offset).
+    statement = sql.SQL(
+        "INSERT INTO {rejects} (commit_id, connector, source, position, line, raw, raw_length, reasons, context) "
+        "SELECT %(commit_id)s::uuid, %(connector)s, f.key, r._source, f.base + (r._pos & {mask}), "
+        "r._raw, r._raw_length, r._errors, r._meta "
+        "FROM {stage} r JOIN unnest(%(idx)s::int[], %(keys)s::text[], %(bases)s::bigint[]) "
+        "AS f(idx, key, base) ON f.idx = (r._pos >> {bits}) "
+        "ORDER BY r._pos"
+    ).format(
+        rejects=sql.SQL(f"{SCHEMA}.rejects"),
+        mask=sql.Literal(LINE_MASK),
+        bits=sql.Literal(LINE_BITS),
+        stage=stage,
+    )
+    params = {
+        "commit_id": plan.commit_id,
+        "connector": plan.connector,
+        "idx": list(range(len(plan.units))),
+        "keys": [unit.key for unit in plan.units],
+        "bases": [unit.base for unit in plan.units],
+    }
+    return conn.execute(statement, params).rowcount
