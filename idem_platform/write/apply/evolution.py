@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from idem_platform.contract.catalog import column_name_problem
+from idem_platform.contract.catalog import STRING, column_name_problem
+from idem_platform.postgres.tables import existing_columns
 from idem_platform.write.apply.attempts import StagedAttempt
 
 MAX_NEW_COLUMNS = 32
@@ -51,3 +52,20 @@ def props_reasons(record_type: str, chosen: list[StagedAttempt], evolution: dict
     }
     reasons.update(evolution)
     return dict(sorted(reasons.items()))
+
+
+def evolution_without_columns(conn: psycopg.Connection, record_type: str, keys: list[str]) -> Evolution | None:
+    """Where unknown fields go when no column has to be added; ``None`` if one has
+    (streaming adds none: an ``ALTER TABLE`` would make readers wait from there on)."""
+    result = Evolution()
+    columns = existing_columns(conn, record_type)
+    for key in keys:
+        type_ = columns.get(key)
+        if type_ is None:
+            return None
+        if type_ == STRING.postgres:
+            result.fill.append(key)
+        else:
+            result.to_props.append(key)
+            result.reasons[key] = f"idem.{record_type} has a {type_} column of that name, not text"
+    return result

@@ -6,6 +6,7 @@ import psycopg
 from psycopg import sql
 
 from idem_platform.coercion.records import LINE_BITS, LINE_MASK
+from idem_platform.errors import RejectRatioExceeded, TransientError
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.write.apply.attempts import StagedAttempt, rejects_tables
 from idem_platform.write.plan import CommitPlan
@@ -58,3 +59,38 @@ def _insert_attempt_rejects(conn: psycopg.Connection, plan: CommitPlan, stage: s
         "bases": [unit.base for unit in plan.units],
     }
     return conn.execute(statement, params).rowcount
+
+
+def too_many_rejects(
+    conn: psycopg.Connection, plan: CommitPlan, chosen: list[StagedAttempt], rejected: int, total: int
+) -> RejectRatioExceeded:
+    """The error of a batch over its ``max_reject_ratio``, with its first reasons (read
+    from the reject tables in the open transaction: nothing is committed)."""
+    reasons = reject_reasons(conn, plan, chosen)
+    return RejectRatioExceeded(
+        f"{rejected} of {total} records rejected ({rejected / total:.1%}), above "
+        f"max_reject_ratio {plan.max_reject_ratio}; nothing was committed. First reasons: "
+        + " | ".join(reasons),
+        rejected=rejected,
+        total=total,
+        reasons=reasons,
+    )
+
+
+def record_rejects(conn: psycopg.Connection, plan: CommitPlan, chosen: list[StagedAttempt], rejected: int) -> int:
+    """Record the accepted attempts' ``rejected`` rejects; return how many were recorded.
+
+    Raises:
+        TransientError: the count is not what the attempts reported staging (a reject
+            table incomplete or gone): nothing is committed rather than rejects lost.
+    """
+    # A step that keeps the rejects itself (the quarantine's retry updates the rejects it
+    # read instead of adding rows) is handed the accepted attempts' reject tables.
+    step_records = getattr(plan.step, "record_rejects", None)
+    if step_records is not None:
+        rows_rejected = step_records(conn, plan, rejects_tables(plan, chosen))
+    else:
+        rows_rejected = insert_rejects(conn, plan, chosen) if rejected else 0
+    if rows_rejected != rejected:
+        raise TransientError(f"staged {rejected} rejects but promoted {rows_rejected}; nothing was committed")
+    return rows_rejected

@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from idem_platform.ledger import Ledger
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.write.plan import CommitPlan
 
@@ -18,6 +19,54 @@ def sources_of(sources: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     when other sources took part, all of them under ``sources``."""
     files = [source for source in sources if "file" in source]
     return {"files": files} if len(files) == len(sources) else {"files": files, "sources": sources}
+
+
+def applied_result(
+    plan: CommitPlan,
+    *,
+    rows_written: int,
+    idempotent_skips: int,
+    rows_rejected: int,
+    tables: dict[str, Any],
+    timings: dict[str, Any],
+) -> dict[str, Any]:
+    """The result of a commit that applied its rows: the run's summary, and what the
+    ``commits`` row and the ledger rows record of it."""
+    return {
+        "commit_id": plan.commit_id,
+        "connector": plan.connector,
+        "run_id": plan.run_id,
+        "rows_written": rows_written,
+        "rows_skipped": idempotent_skips + plan.replayed_records,
+        "rows_rejected": rows_rejected,
+        "replayed": False,
+        **({"replay_skipped": plan.replayed_records} if plan.replayed_records else {}),
+        **sources_of(plan.sources()),
+        "tables": tables,
+        "schema_versions": {rt: plan.tables[rt].schema_version for rt in sorted(plan.tables)},
+        "timings": timings,
+    }
+
+
+def record_applied(
+    conn: psycopg.Connection,
+    plan: CommitPlan,
+    result: dict[str, Any],
+    *,
+    counts: tuple[int, int, int],
+    valid_through: datetime | None,
+) -> None:
+    """Record an applied commit in the transaction that holds its rows: the ``commits``
+    row, the ``execution_log`` counts (``counts``: rows written, idempotent skips, rows
+    rejected) and each ledger row's result (committed)."""
+    rows_written, idempotent_skips, rows_rejected = counts
+    record_commit(conn, plan, result, replay=False, valid_through=valid_through)
+    log_counts(conn, plan.commit_id, rows_written, idempotent_skips, rows_rejected, replay=plan.replay,
+               replay_skipped=plan.replayed_records)
+    ledger = Ledger(conn, plan.connector, replay_window=timedelta(seconds=plan.replay_window_seconds))
+    keys = plan.ledger_keys()
+    for key in keys:
+        ledger.commit(key, ledger_result(result, key, len(keys)), owner=plan.owner)
 
 
 def ledger_result(result: dict[str, Any], key: str, commit_keys: int) -> dict[str, Any]:

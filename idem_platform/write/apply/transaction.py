@@ -1,47 +1,23 @@
-"""The one applying transaction of a commit (DESIGN §5): see :mod:`idem_platform.write.apply`."""
+"""The one promoting transaction of a commit (DESIGN §5): see :mod:`idem_platform.write.apply`."""
 
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from idem_platform.contract.catalog import STRING, Column
-from idem_platform.errors import RejectRatioExceeded, TransientError
 from idem_platform.faults import checkpoint
-from idem_platform.ledger import Ledger
 from idem_platform.postgres.schema import SCHEMA
-from idem_platform.postgres.tables import (
-    effective_spec,
-    existing_columns,
-    record_catalog,
-    table_ident,
-)
-from idem_platform.write.apply.attempts import (
-    StagedAttempt,
-    accepted_attempts,
-    accepted_tables,
-    rejects_tables,
-)
+from idem_platform.postgres.tables import effective_spec, existing_columns, record_catalog
+from idem_platform.write.apply.attempts import StagedAttempt, accepted_attempts, accepted_tables
 from idem_platform.write.apply.claim import recheck_claim
-from idem_platform.write.apply.evolution import (
-    MAX_NEW_COLUMNS,
-    Evolution,
-    extra_fields,
-    props_reasons,
-)
-from idem_platform.write.apply.locks import (
-    STREAM_CONFLICTS,
-    add_column_politely,
-    lock_wait,
-    set_lock_timeout,
-)
-from idem_platform.write.apply.rejects import insert_rejects, reject_reasons
-from idem_platform.write.apply.result import ledger_result, log_counts, record_commit, sources_of
-from idem_platform.write.apply.rows import insert_rows
+from idem_platform.write.apply.evolution import Evolution, evolution_without_columns, extra_fields
+from idem_platform.write.apply.locks import STREAM_CONFLICTS, lock_wait, set_lock_timeout
+from idem_platform.write.apply.rejects import record_rejects, too_many_rejects
+from idem_platform.write.apply.result import applied_result, record_applied
+from idem_platform.write.apply.rows import TableInserts
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import attempt_table, drop_staging, drop_tables, staged_ident
 
@@ -92,21 +68,7 @@ class Promotion:
         self.insert_seconds = 0.0
         self.lock_seconds = 0.0
         self._transaction: Any = None
-        self._reset()
-
-    def _reset(self) -> None:
-        """Forget what was inserted (the transaction that held it rolled back)."""
-        self.written = dict.fromkeys(self.plan.tables, 0)
-        self.added: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}
-        self.to_props: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}
-        self.props_reasons: dict[str, dict[str, str]] = {rt: {} for rt in self.plan.tables}
-        self.budget = MAX_NEW_COLUMNS
-        self.inserted: set[tuple[str, int]] = set()  # (record type, partition) already inserted
-        self.deferred: set[str] = set()  # record types left to the promote (a new column is needed)
-        self.filled: set[str] = set()  # record types whose evolved columns got values
-        # Per record type, its promoted text columns, read once its table is locked in
-        # this transaction (an ``idem promote`` cannot add a companion column after that).
-        self.promotions: dict[str, dict[str, Column]] = {}
+        self.inserts = TableInserts(conn, plan)
 
     def __enter__(self) -> Promotion:
         return self
@@ -140,6 +102,7 @@ class Promotion:
         return sum(sum(m.rows.values()) + sum(m.repeats.values()) + sum(m.known.values()) for m in self.accepted.values())
 
     def _begin(self) -> None:
+        """Open the transaction, tuned for one big anti-joined insert per staged table."""
         self._transaction = self.conn.transaction()
         self._transaction.__enter__()
         # The first-occurrence sort of a slice's wide rows fits in memory at this size.
@@ -157,17 +120,17 @@ class Promotion:
         if self._transaction is None:
             self._begin()
         for record_type in sorted(self.plan.tables):
-            if not message.rows.get(record_type, 0) or record_type in self.deferred:
+            if not message.rows.get(record_type, 0) or record_type in self.inserts.deferred:
                 continue
             stage = self._stage(record_type, message)
             evolution = Evolution()
             if self.plan.evolve and message.with_extra.get(record_type, 0):
-                known = self._evolution_without_columns(record_type, extra_fields(self.conn, stage))
+                known = evolution_without_columns(self.conn, record_type, extra_fields(self.conn, stage))
                 if known is None:
-                    self.deferred.add(record_type)  # the promote adds the columns, then inserts
+                    self.inserts.deferred.add(record_type)  # the promote adds the columns, then inserts
                     continue
                 evolution = known
-            self._insert(record_type, stage, message, evolution)
+            self.inserts.insert(record_type, stage, message, evolution, streaming=self.streaming)
 
     def _stop_streaming(self, exc: BaseException) -> None:
         """Roll back what streaming inserted; the promote inserts it all again, conflict-safe."""
@@ -176,82 +139,7 @@ class Promotion:
         transaction, self._transaction = self._transaction, None
         if transaction is not None:
             transaction.__exit__(type(exc), exc, exc.__traceback__)
-        self._reset()
-
-    def _promoted(self, record_type: str) -> dict[str, Column]:
-        """The table's promoted text columns (``idem promote``), read under its lock.
-
-        The first insert of a transaction into a table takes the ``ROW EXCLUSIVE``
-        lock its INSERT would take anyway, then reads the columns: a promotion's
-        ``ALTER TABLE`` committed before is seen, and none can commit after it until
-        this transaction ends. So no row of this commit misses its typed value, and
-        the promotion's backfill sees every row committed before its column was.
-        """
-        found = self.promotions.get(record_type)
-        if found is None:
-            self.conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(table_ident(record_type)))
-            spec = effective_spec(self.plan.tables[record_type], existing_columns(self.conn, record_type))
-            found = self.promotions[record_type] = {c.name: c for c in spec.promoted_columns()}
-        return found
-
-    def _insert(self, record_type: str, stage: sql.Composed, message: StagedAttempt, evolution: Evolution) -> None:
-        with lock_wait(self.plan, f"table idem.{record_type}", streaming=self.streaming):
-            promoted = self._promoted(record_type)
-            self.written[record_type] += insert_rows(
-                self.conn,
-                self.plan,
-                record_type,
-                self.plan.tables[record_type],
-                stage,
-                evolution,
-                unique_keys=message.unique_keys,
-                on_conflict=not self.streaming,
-                promoted=promoted,
-            )
-        self.inserted.add((record_type, message.partition))
-        if evolution.fill:
-            self.filled.add(record_type)
-        for key in evolution.to_props:
-            if key not in self.to_props[record_type]:
-                self.to_props[record_type].append(key)
-        self.props_reasons[record_type].update(evolution.reasons)
-
-    def _evolution_without_columns(self, record_type: str, keys: list[str]) -> Evolution | None:
-        """Where unknown fields go when no column has to be added; ``None`` if one has."""
-        result = Evolution()
-        columns = existing_columns(self.conn, record_type)
-        for key in keys:
-            type_ = columns.get(key)
-            if type_ is None:
-                return None
-            if type_ == STRING.postgres:
-                result.fill.append(key)
-            else:
-                result.to_props.append(key)
-                result.reasons[key] = f"idem.{record_type} has a {type_} column of that name, not text"
-        return result
-
-    def _evolve(self, record_type: str, keys: list[str]) -> Evolution:
-        """What each unknown field becomes: a text column (added now, within the budget) or ``props``."""
-        result = Evolution()
-        columns = existing_columns(self.conn, record_type)
-        for key in keys:
-            type_ = columns.get(key)
-            if type_ == STRING.postgres:
-                result.fill.append(key)
-            elif type_ is None and self.budget > 0:
-                add_column_politely(self.conn, self.plan, record_type, Column(key, STRING, evolved=True))
-                self.budget -= 1
-                self.added[record_type].append(key)
-                result.fill.append(key)
-            else:
-                result.to_props.append(key)
-                result.reasons[key] = (
-                    f"idem.{record_type} has a {type_} column of that name, not text"
-                    if type_ is not None
-                    else f"over the {MAX_NEW_COLUMNS} new columns one batch may add"
-                )
-        return result
+        self.inserts = TableInserts(self.conn, self.plan)  # what the rolled-back transaction inserted is gone
 
     def _promote_rest(self, chosen: list[StagedAttempt]) -> None:
         """Inside the promote: re-check the claim, then per record type (in name order)
@@ -268,7 +156,7 @@ class Promotion:
             stages = [
                 (self._stage(record_type, m), m)
                 for m in chosen
-                if m.rows.get(record_type, 0) and (record_type, m.partition) not in self.inserted
+                if m.rows.get(record_type, 0) and (record_type, m.partition) not in self.inserts.inserted
             ]
             keys: dict[str, None] = {}
             if self.plan.evolve:
@@ -287,13 +175,24 @@ class Promotion:
                     [evolving],
                 )
         for record_type, (stages, extra_keys) in work.items():
-            evolution = self._evolve(record_type, extra_keys) if extra_keys else Evolution()
+            evolution = self.inserts.evolve(record_type, extra_keys) if extra_keys else Evolution()
             for stage, message in stages:
-                self._insert(record_type, stage, message, evolution)
-        for record_type in sorted(self.filled):
+                self.inserts.insert(record_type, stage, message, evolution, streaming=self.streaming)
+        for record_type in sorted(self.inserts.filled):
             spec = self.plan.tables[record_type]
             record_catalog(self.conn, effective_spec(spec, existing_columns(self.conn, record_type)))
         self.insert_seconds += time.monotonic() - started
+
+    def _promote_rest_conflict_safe(self, chosen: list[StagedAttempt]) -> None:
+        """:meth:`_promote_rest`; if streaming's inserts meet another writer's keys there,
+        roll everything back and insert every slice again with ``ON CONFLICT DO NOTHING``."""
+        try:
+            self._promote_rest(chosen)
+        except STREAM_CONFLICTS as exc:
+            if not self.streaming:
+                raise
+            self._stop_streaming(exc)
+            self._promote_rest(chosen)
 
     def finish(self) -> dict[str, Any]:
         """Promote, check the batch, record everything, commit. Returns the commit's result.
@@ -312,86 +211,53 @@ class Promotion:
         if total and rejected / total > plan.max_reject_ratio:
             if self._transaction is None:
                 self._begin()
-            reasons = reject_reasons(self.conn, plan, chosen)
-            raise RejectRatioExceeded(
-                f"{rejected} of {total} records rejected ({rejected / total:.1%}), above "
-                f"max_reject_ratio {plan.max_reject_ratio}; nothing was committed. First reasons: "
-                + " | ".join(reasons),
-                rejected=rejected,
-                total=total,
-                reasons=reasons,
-            )
-        try:
-            self._promote_rest(chosen)
-        except STREAM_CONFLICTS as exc:
-            if not self.streaming:
-                raise
-            self._stop_streaming(exc)
-            self._promote_rest(chosen)
+            raise too_many_rejects(self.conn, plan, chosen, rejected, total)
+        self._promote_rest_conflict_safe(chosen)
         checkpoint("before_promote")
         with lock_wait(plan, "the source's committed offsets"):
             moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
-        # A step that keeps the rejects itself (the quarantine's retry updates the rejects it
-        # read instead of adding rows) is handed the accepted attempts' reject tables.
-        record_rejects = getattr(plan.step, "record_rejects", None)
-        if record_rejects is not None:
-            rows_rejected = record_rejects(self.conn, plan, rejects_tables(plan, chosen))
-        else:
-            rows_rejected = insert_rejects(self.conn, plan, chosen) if rejected else 0
-        if rows_rejected != rejected:
-            raise TransientError(f"staged {rejected} rejects but promoted {rows_rejected}; nothing was committed")
-        tables = {
-            rt: {
-                "written": self.written[rt],
-                "skipped": staged[rt] - self.written[rt],
-                "new_columns": self.added[rt],
-                "to_props": self.to_props[rt],
-                "props_fields": props_reasons(rt, chosen, self.props_reasons[rt]),
-            }
-            for rt in sorted(plan.tables)
-            if staged[rt]
-        }
-        rows_written = sum(self.written.values())
+        rows_rejected = record_rejects(self.conn, plan, chosen, rejected)
+        rows_written = sum(self.inserts.written.values())
         idempotent_skips = sum(staged.values()) - rows_written
+        result = applied_result(
+            plan,
+            rows_written=rows_written,
+            idempotent_skips=idempotent_skips,
+            rows_rejected=rows_rejected,
+            tables=self.inserts.tables(chosen, staged),
+            timings=self._timings(),
+        )
+        valid_through = moved.pop("valid_through", None)
+        result.update(moved)
+        record_applied(
+            self.conn, plan, result, counts=(rows_written, idempotent_skips, rows_rejected), valid_through=valid_through
+        )
+        return self._commit(chosen, result)
+
+    def _timings(self) -> dict[str, Any]:
+        """The result's ``timings`` so far (the caller adds its own)."""
         timings: dict[str, Any] = {
             "lock_wait_seconds": round(self.lock_seconds, 3),
             "insert_seconds": round(self.insert_seconds, 3),
         }
         if self.conflict:
             timings["streaming_stopped"] = self.conflict
-        result = {
-            "commit_id": plan.commit_id,
-            "connector": plan.connector,
-            "run_id": plan.run_id,
-            "rows_written": rows_written,
-            "rows_skipped": idempotent_skips + plan.replayed_records,
-            "rows_rejected": rows_rejected,
-            "replayed": False,
-            **({"replay_skipped": plan.replayed_records} if plan.replayed_records else {}),
-            **sources_of(plan.sources()),
-            "tables": tables,
-            "schema_versions": {rt: plan.tables[rt].schema_version for rt in sorted(plan.tables)},
-            "timings": timings,
-        }
-        valid_through = moved.pop("valid_through", None)
-        result.update(moved)
-        record_commit(self.conn, plan, result, replay=False, valid_through=valid_through)
-        log_counts(self.conn, plan.commit_id, rows_written, idempotent_skips, rows_rejected, replay=plan.replay,
-             replay_skipped=plan.replayed_records)
-        ledger = Ledger(self.conn, plan.connector, replay_window=timedelta(seconds=plan.replay_window_seconds))
-        keys = plan.ledger_keys()
-        for key in keys:
-            ledger.commit(key, ledger_result(result, key, len(keys)), owner=plan.owner)
+        return timings
+
+    def _commit(self, chosen: list[StagedAttempt], result: dict[str, Any]) -> dict[str, Any]:
+        """Drop the accepted attempts' tables, COMMIT, then drop what is left of the
+        commit's staging; ``result`` gains ``commit_seconds``. The crash points around
+        COMMIT are where the tests kill the process."""
         # The accepted attempts' tables are finished (their writers closed before
         # reporting), so dropping them here cannot wait on anyone.
-        drop_tables(self.conn, accepted_tables(plan, chosen))
+        drop_tables(self.conn, accepted_tables(self.plan, chosen))
         checkpoint("during_promote")
         finishing = time.monotonic()
         transaction, self._transaction = self._transaction, None
         transaction.__exit__(None, None, None)
         result["timings"]["commit_seconds"] = round(time.monotonic() - finishing, 3)
         checkpoint("after_promote")
-        _drop_leftovers(self.conn, plan)
+        _drop_leftovers(self.conn, self.plan)
         return result
 
 
