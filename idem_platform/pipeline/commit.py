@@ -310,6 +310,54 @@ def _refresh(url: str, batch: SourceBatch) -> SourceBatch:
     return batch.with_committed(done) if done else batch
 
 
+def _claim_and_create_staging(request: CommitRequest, batch: SourceBatch, tables: dict[str, TableSpec]) -> CommitPlan:
+    """Plan the commit, make the units' ledger rows ours (committed before staging, so a
+    run that dies from here on is recognised as dead) and create the staging tables;
+    then drop what dead owners of those rows left staged."""
+    plan = _plan(request, batch, str(uuid.uuid4()), tables)
+    with connect(request.url) as conn:
+        with conn.transaction():
+            dead = _claim(conn, request, batch, plan.owner)
+        with conn.transaction():
+            plan = replace(plan, probe_known=tables_with_rows(conn, sorted(plan.tables)))
+        create_staging(conn, plan)
+    drop_staging_quietly(request.url, dead)  # a dead run's leftovers
+    return plan
+
+
+def _stage_and_promote(
+    request: CommitRequest, plan: CommitPlan, session: SparkSession | None, stage_started: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stage the slices in Spark while the promoting transaction streams each one in,
+    then finish it. Returns the commit's result and the staging's own timings."""
+    from idem_platform.spark.stage import StagingJobs
+
+    with (
+        connect(request.url, application_name="idem-commit") as conn,
+        Promotion(conn, plan) as promotion,
+        StagingJobs(session, request.url, plan) as jobs,
+    ):
+        for done, message in enumerate(jobs.in_order(), 1):
+            promotion.add(message)
+            if request.progress is not None:
+                request.progress(_progress_line(plan, promotion, done, time.monotonic() - stage_started))
+        staged_seconds = time.monotonic() - stage_started
+        if request.progress is not None:
+            request.progress(
+                f"promoting {promotion.records_staged:,} records into "
+                + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
+            )
+        result = promotion.finish()
+    task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]
+    attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
+    return result, {
+        "stage_and_insert_seconds": round(staged_seconds, 3),
+        "stage_task_seconds": [round(t, 2) for t in task_seconds],
+        # Spark's attempt number of the accepted attempt of each slice (0 = first try).
+        "stage_attempt_numbers": attempt_numbers,
+    }
+
+
 def commit_batch(
     request: CommitRequest,
     coerced: CoercedBatch,
@@ -331,8 +379,6 @@ def commit_batch(
         InFlightError: another live run kept one of the units past the wait.
         RejectRatioExceeded, TransientError, TerminalError: nothing was committed.
     """
-    from idem_platform.spark.stage import StagingJobs
-
     started = time.monotonic() if started is None else started
     batch = coerced.batch
     if batch.empty:
@@ -348,34 +394,10 @@ def commit_batch(
             return replay_batch(request, batch, started=started)
         keys = sorted({u.key for u in batch.pending})
         session = spark() if batch.slices else None  # empty files: nothing to read, no Spark
-        plan = _plan(request, batch, str(uuid.uuid4()), coerced.tables)
-        with connect(request.url) as conn:
-            with conn.transaction():
-                dead = _claim(conn, request, batch, plan.owner)
-            with conn.transaction():
-                plan = replace(plan, probe_known=tables_with_rows(conn, sorted(plan.tables)))
-            create_staging(conn, plan)
-        drop_staging_quietly(request.url, dead)  # a dead run's leftovers
+        plan = _claim_and_create_staging(request, batch, coerced.tables)
         stage_started = time.monotonic()
         try:
-            with (
-                connect(request.url, application_name="idem-commit") as conn,
-                Promotion(conn, plan) as promotion,
-                StagingJobs(session, request.url, plan) as jobs,
-            ):
-                for done, message in enumerate(jobs.in_order(), 1):
-                    promotion.add(message)
-                    if request.progress is not None:
-                        request.progress(_progress_line(plan, promotion, done, time.monotonic() - stage_started))
-                staged_seconds = time.monotonic() - stage_started
-                if request.progress is not None:
-                    request.progress(
-                        f"promoting {promotion.records_staged:,} records into "
-                        + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
-                    )
-                result = promotion.finish()
-            task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]
-            attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
+            result, stage_timings = _stage_and_promote(request, plan, session, stage_started)
         except ClaimLost as lost:
             # Our advisory locks went (a lost connection) and another run took the
             # units over: if it committed them, this run is a replay.
@@ -396,10 +418,7 @@ def commit_batch(
         result["timings"] = {
             **result.get("timings", {}),
             "prepare_seconds": round(stage_started - prepare_started, 3),
-            "stage_and_insert_seconds": round(staged_seconds, 3),
-            "stage_task_seconds": [round(t, 2) for t in task_seconds],
-            # Spark's attempt number of the accepted attempt of each slice (0 = first try).
-            "stage_attempt_numbers": attempt_numbers,
+            **stage_timings,
         }
     if plan.step is not None:
         result.update(plan.step.after_commit(result))
