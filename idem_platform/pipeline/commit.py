@@ -7,7 +7,7 @@
 * after the locks, the ledger is read again: units a run we waited for
   committed meanwhile become replays;
 * the claim (ledger ``in_progress``, owner token) is committed before staging;
-  the promoting transaction re-checks it, so two runs can never both commit;
+  the applying transaction re-checks it, so two runs can never both commit;
 * the source's commit step (Kafka offsets) runs inside that transaction: if
   another run already moved it, nothing commits and the run reports that its
   range was already committed.
@@ -43,7 +43,7 @@ from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.redact import remember_url, scrub
 from idem_platform.write.apply.claim import ClaimLost
 from idem_platform.write.apply.result import record_replay
-from idem_platform.write.apply.transaction import Promotion
+from idem_platform.write.apply.transaction import ApplyTransaction
 from idem_platform.write.batch import SourceBatch
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import create_staging, drop_staging_quietly
@@ -68,8 +68,8 @@ class CommitRequest:
     replay: bool = False
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW
     lock_wait_seconds: float = 600.0  # for another live run holding one of the batch's units
-    table_lock_timeout_seconds: float = 120.0  # for the target tables' lock at the promote
-    progress: Callable[[str], None] | None = None  # told as each slice is staged and promoted
+    table_lock_timeout_seconds: float = 120.0  # for the target tables' lock when applying
+    progress: Callable[[str], None] | None = None  # told as each slice is staged and applied
 
 
 def as_idem_error(exc: BaseException) -> errors.IdemError:
@@ -299,8 +299,8 @@ def replayed_records(batch: SourceBatch) -> int:
     return total
 
 
-def _progress_line(plan: CommitPlan, promotion: Promotion, done: int, seconds: float) -> str:
-    return f"slice {done}/{len(plan.slices)} staged: {promotion.records_staged:,} records so far, {seconds:.1f} s"
+def _progress_line(plan: CommitPlan, applying: ApplyTransaction, done: int, seconds: float) -> str:
+    return f"slice {done}/{len(plan.slices)} staged: {applying.records_staged:,} records so far, {seconds:.1f} s"
 
 
 def _refresh(url: str, batch: SourceBatch) -> SourceBatch:
@@ -325,29 +325,29 @@ def _claim_and_create_staging(request: CommitRequest, batch: SourceBatch, tables
     return plan
 
 
-def _stage_and_promote(
+def _stage_and_apply(
     request: CommitRequest, plan: CommitPlan, session: SparkSession | None, stage_started: float
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Stage the slices in Spark while the promoting transaction streams each one in,
+    """Stage the slices in Spark while the applying transaction streams each one in,
     then finish it. Returns the commit's result and the staging's own timings."""
     from idem_platform.spark.stage import StagingJobs
 
     with (
         connect(request.url, application_name="idem-commit") as conn,
-        Promotion(conn, plan) as promotion,
+        ApplyTransaction(conn, plan) as applying,
         StagingJobs(session, request.url, plan) as jobs,
     ):
         for done, message in enumerate(jobs.in_order(), 1):
-            promotion.add(message)
+            applying.add(message)
             if request.progress is not None:
-                request.progress(_progress_line(plan, promotion, done, time.monotonic() - stage_started))
+                request.progress(_progress_line(plan, applying, done, time.monotonic() - stage_started))
         staged_seconds = time.monotonic() - stage_started
         if request.progress is not None:
-            request.progress(
-                f"promoting {promotion.records_staged:,} records into "
+            request.progress(  # "promoting": the line's text is older than the word "apply"; kept
+                f"promoting {applying.records_staged:,} records into "
                 + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
             )
-        result = promotion.finish()
+        result = applying.finish()
     task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]
     attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
     return result, {
@@ -397,7 +397,7 @@ def commit_batch(
         plan = _claim_and_create_staging(request, batch, coerced.tables)
         stage_started = time.monotonic()
         try:
-            result, stage_timings = _stage_and_promote(request, plan, session, stage_started)
+            result, stage_timings = _stage_and_apply(request, plan, session, stage_started)
         except ClaimLost as lost:
             # Our advisory locks went (a lost connection) and another run took the
             # units over: if it committed them, this run is a replay.

@@ -25,7 +25,7 @@ STREAM_CONFLICTS = (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetec
 
 
 class LockTimeout(TransientError):
-    """A lock the promote needs stayed held by another session past the lock timeout."""
+    """A lock the applying transaction needs stayed held by another session past the lock timeout."""
 
 
 def set_lock_timeout(conn: psycopg.Connection, seconds: float) -> None:
@@ -37,7 +37,7 @@ ALTER_TRY_SECONDS = 2.0
 
 
 def add_column_politely(conn: psycopg.Connection, plan: CommitPlan, record_type: str, column: Column) -> None:
-    """``ALTER TABLE … ADD COLUMN`` in short tries, until the promote's lock timeout.
+    """``ALTER TABLE … ADD COLUMN`` in short tries, until the applying transaction's lock timeout.
 
     The ALTER needs ``ACCESS EXCLUSIVE``, so it waits for the table's current
     readers, and every reader that arrives meanwhile queues behind it. Each try
@@ -65,7 +65,7 @@ def add_column_politely(conn: psycopg.Connection, plan: CommitPlan, record_type:
 @contextmanager
 def lock_wait(plan: CommitPlan, what: str, *, streaming: bool = False) -> Iterator[None]:
     """Turn a lock timeout into a transient error that names what was locked
-    (while streaming, the timeout only ends streaming: the promote tries again)."""
+    (while streaming, the timeout only ends streaming: :meth:`~idem_platform.write.apply.transaction.ApplyTransaction.finish` tries again)."""
     try:
         yield
     except psycopg.errors.LockNotAvailable as exc:

@@ -31,7 +31,7 @@ def reject_reasons(conn: psycopg.Connection, plan: CommitPlan, chosen: list[Stag
 
 
 def insert_rejects(conn: psycopg.Connection, plan: CommitPlan, chosen: list[StagedAttempt]) -> int:
-    """Promote the accepted attempts' rejects, in slice order."""
+    """Insert the accepted attempts' rejects into ``idem.rejects``, in slice order."""
     return sum(_insert_attempt_rejects(conn, plan, table) for table in rejects_tables(plan, chosen))
 
 
@@ -92,5 +92,5 @@ def record_rejects(conn: psycopg.Connection, plan: CommitPlan, chosen: list[Stag
     else:
         rows_rejected = insert_rejects(conn, plan, chosen) if rejected else 0
     if rows_rejected != rejected:
-        raise TransientError(f"staged {rejected} rejects but promoted {rows_rejected}; nothing was committed")
+        raise TransientError(f"staged {rejected} rejects but recorded {rows_rejected}; nothing was committed")
     return rows_rejected

@@ -73,7 +73,7 @@ def ledger_result(result: dict[str, Any], key: str, commit_keys: int) -> dict[st
     """What one ledger row keeps of its commit's result: the counts and tables of the
     commit, but of its sources only this key's own, plus how many keys the commit had.
 
-    A batch of N files writes N ledger rows in its promoting transaction; with every
+    A batch of N files writes N ledger rows in its applying transaction; with every
     source in each, that was N² entries (500 files: 250,000, ~40 MB of jsonb). The whole
     list stays once in ``idem.commits.sources``; ``commit_keys`` is enough to tell
     whether a replay covers all of a prior commit (:func:`~idem_platform.pipeline.commit.replayed_records`).

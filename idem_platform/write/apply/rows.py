@@ -18,7 +18,7 @@ from idem_platform.write.plan import CommitPlan
 
 
 class TableInserts:
-    """The inserts of one promoting transaction, and what they did per record type.
+    """The inserts of one applying transaction, and what they did per record type.
 
     Kept apart from the transaction's own state so that a conflict, which rolls the
     transaction back, forgets all of it at once: the transaction starts a new one.
@@ -33,26 +33,26 @@ class TableInserts:
         self.props_reasons: dict[str, dict[str, str]] = {rt: {} for rt in self.plan.tables}
         self.budget = MAX_NEW_COLUMNS
         self.inserted: set[tuple[str, int]] = set()  # (record type, partition) already inserted
-        self.deferred: set[str] = set()  # record types left to the promote (a new column is needed)
+        self.deferred: set[str] = set()  # record types left to finish (a new column is needed)
         self.filled: set[str] = set()  # record types whose evolved columns got values
-        # Per record type, its promoted text columns, read once its table is locked in
-        # this transaction (an ``idem promote`` cannot add a companion column after that).
-        self.promotions: dict[str, dict[str, Column]] = {}
+        # Per record type, its promoted text columns (``idem retype``), read once its table is
+        # locked in this transaction (an ``idem retype`` cannot add a companion column after that).
+        self.promoted: dict[str, dict[str, Column]] = {}
 
-    def _promoted(self, record_type: str) -> dict[str, Column]:
-        """The table's promoted text columns (``idem promote``), read under its lock.
+    def _promoted_columns(self, record_type: str) -> dict[str, Column]:
+        """The table's promoted text columns (``idem retype``), read under its lock.
 
         The first insert of a transaction into a table takes the ``ROW EXCLUSIVE``
-        lock its INSERT would take anyway, then reads the columns: a promotion's
+        lock its INSERT would take anyway, then reads the columns: a retype's
         ``ALTER TABLE`` committed before is seen, and none can commit after it until
         this transaction ends. So no row of this commit misses its typed value, and
-        the promotion's backfill sees every row committed before its column was.
+        the retype's backfill sees every row committed before its column was.
         """
-        found = self.promotions.get(record_type)
+        found = self.promoted.get(record_type)
         if found is None:
             self.conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(table_ident(record_type)))
             spec = effective_spec(self.plan.tables[record_type], existing_columns(self.conn, record_type))
-            found = self.promotions[record_type] = {c.name: c for c in spec.promoted_columns()}
+            found = self.promoted[record_type] = {c.name: c for c in spec.promoted_columns()}
         return found
 
     def insert(
@@ -61,7 +61,7 @@ class TableInserts:
         """Insert one attempt's staged rows of ``record_type`` and count what that did
         (``streaming``: a conflict must end streaming, not the commit)."""
         with lock_wait(self.plan, f"table idem.{record_type}", streaming=streaming):
-            promoted = self._promoted(record_type)
+            promoted = self._promoted_columns(record_type)
             self.written[record_type] += insert_rows(
                 self.conn,
                 self.plan,
@@ -140,7 +140,7 @@ def insert_rows(
     target, select = _columns(plan, spec, evolution, promoted or {})
     # First occurrence per key wins. An attempt whose executor vouched for distinct
     # keys needs no sort of its wide rows; the anti-join alone skips keys already
-    # in the table (committed, or promoted from an earlier slice of this commit).
+    # in the table (committed, or applied from an earlier slice of this commit).
     first_per_key = sql.SQL("") if unique_keys else sql.SQL(" ORDER BY s._idempotency_key, s._pos")
     statement = sql.SQL(
         "INSERT INTO {target} ({columns}) "
@@ -175,7 +175,7 @@ def _columns(
     """The target table's columns the insert writes, and the select list that fills them
     from a staged row ``s``, in the same order."""
     typed = [c.name for c in spec.columns]
-    # Promoted text columns (idem promote): their typed companions, filled from the
+    # Promoted text columns (idem retype): their typed companions, filled from the
     # same text by the safe cast the backfill uses (NULL when it does not cast).
     companions = [c for c in typed + evolution.fill if c in promoted]
     target = [

@@ -1,4 +1,4 @@
-"""The one promoting transaction of a commit (DESIGN §5): see :mod:`idem_platform.write.apply`."""
+"""The one applying transaction of a commit (DESIGN §5): see :mod:`idem_platform.write.apply`."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import attempt_table, drop_staging, drop_tables, staged_ident
 
 
-class Promotion:
-    """The one promoting transaction of a commit, fed each slice's accepted attempt.
+class ApplyTransaction:
+    """The one applying transaction of a commit, fed each slice's accepted attempt.
 
     **Streaming.** As slices are staged, their rows are inserted into the target
     tables inside the one open transaction, so PostgreSQL's insert work overlaps
@@ -32,7 +32,7 @@ class Promotion:
     writers: two connectors routing to one table stream side by side. Nothing is
     visible before :meth:`finish` commits.
 
-    **The promote** (:meth:`finish`) re-checks the claim (ledger rows ``FOR
+    **Finishing** (:meth:`finish`) re-checks the claim (ledger rows ``FOR
     UPDATE``), adds the columns new fields need (``ALTER TABLE`` in short tries:
     the only lock that makes readers wait, held from there to COMMIT), inserts
     what streaming left (a record type stops streaming at the first slice that
@@ -46,16 +46,16 @@ class Promotion:
 
     **Conflicts.** Another writer may hold or commit one of our keys meanwhile:
     streaming then gets a unique violation (or a deadlock, or a lock wait runs
-    out). The transaction is rolled back and the promote inserts every slice
+    out). The transaction is rolled back and :meth:`finish` inserts every slice
     again from the staging tables (they live until COMMIT) with ``ON CONFLICT
     DO NOTHING``, which waits for the other writer and skips its keys.
 
     Use::
 
-        with Promotion(conn, plan) as promotion:
+        with ApplyTransaction(conn, plan) as applying:
             for message in messages:
-                promotion.add(message)
-            result = promotion.finish()
+                applying.add(message)
+            result = applying.finish()
     """
 
     def __init__(self, conn: psycopg.Connection, plan: CommitPlan) -> None:
@@ -63,14 +63,14 @@ class Promotion:
         self.plan = plan
         self.accepted: dict[int, StagedAttempt] = {}
         self.max_timestamps: dict[str, int] = {}  # unit id -> newest source timestamp read (ms)
-        self.streaming = True  # until a conflict: then everything is inserted at the promote
+        self.streaming = True  # until a conflict: then everything is inserted by finish
         self.conflict: str | None = None  # what ended streaming, for the result's timings
         self.insert_seconds = 0.0
         self.lock_seconds = 0.0
         self._transaction: Any = None
         self.inserts = TableInserts(conn, plan)
 
-    def __enter__(self) -> Promotion:
+    def __enter__(self) -> ApplyTransaction:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -127,13 +127,13 @@ class Promotion:
             if self.plan.evolve and message.with_extra.get(record_type, 0):
                 known = evolution_without_columns(self.conn, record_type, extra_fields(self.conn, stage))
                 if known is None:
-                    self.inserts.deferred.add(record_type)  # the promote adds the columns, then inserts
+                    self.inserts.deferred.add(record_type)  # finish adds the columns, then inserts
                     continue
                 evolution = known
             self.inserts.insert(record_type, stage, message, evolution, streaming=self.streaming)
 
     def _stop_streaming(self, exc: BaseException) -> None:
-        """Roll back what streaming inserted; the promote inserts it all again, conflict-safe."""
+        """Roll back what streaming inserted; finish inserts it all again, conflict-safe."""
         self.streaming = False
         self.conflict = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
         transaction, self._transaction = self._transaction, None
@@ -141,8 +141,8 @@ class Promotion:
             transaction.__exit__(type(exc), exc, exc.__traceback__)
         self.inserts = TableInserts(self.conn, self.plan)  # what the rolled-back transaction inserted is gone
 
-    def _promote_rest(self, chosen: list[StagedAttempt]) -> None:
-        """Inside the promote: re-check the claim, then per record type (in name order)
+    def _apply_rest(self, chosen: list[StagedAttempt]) -> None:
+        """Inside finish: re-check the claim, then per record type (in name order)
         add the columns its remaining slices need and insert them in slice order."""
         if self._transaction is None:
             self._begin()
@@ -183,19 +183,19 @@ class Promotion:
             record_catalog(self.conn, effective_spec(spec, existing_columns(self.conn, record_type)))
         self.insert_seconds += time.monotonic() - started
 
-    def _promote_rest_conflict_safe(self, chosen: list[StagedAttempt]) -> None:
-        """:meth:`_promote_rest`; if streaming's inserts meet another writer's keys there,
+    def _apply_rest_conflict_safe(self, chosen: list[StagedAttempt]) -> None:
+        """:meth:`_apply_rest`; if streaming's inserts meet another writer's keys there,
         roll everything back and insert every slice again with ``ON CONFLICT DO NOTHING``."""
         try:
-            self._promote_rest(chosen)
+            self._apply_rest(chosen)
         except STREAM_CONFLICTS as exc:
             if not self.streaming:
                 raise
             self._stop_streaming(exc)
-            self._promote_rest(chosen)
+            self._apply_rest(chosen)
 
     def finish(self) -> dict[str, Any]:
-        """Promote, check the batch, record everything, commit. Returns the commit's result.
+        """Apply what streaming left, check the batch, record everything, commit. Returns the commit's result.
 
         Raises:
             TransientError: a partition never reported (nothing is committed).
@@ -212,7 +212,7 @@ class Promotion:
             if self._transaction is None:
                 self._begin()
             raise too_many_rejects(self.conn, plan, chosen, rejected, total)
-        self._promote_rest_conflict_safe(chosen)
+        self._apply_rest_conflict_safe(chosen)
         checkpoint("before_promote")
         with lock_wait(plan, "the source's committed offsets"):
             moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
@@ -262,7 +262,7 @@ class Promotion:
 
 
 def _drop_leftovers(conn: psycopg.Connection, plan: CommitPlan) -> None:
-    """After COMMIT: drop the templates and the tables of attempts that were not promoted.
+    """After COMMIT: drop the templates and the tables of attempts that were not applied.
 
     Best effort and never blocking: a zombie attempt may still be copying into
     its table (a lost executor's task, a speculative copy Spark has not killed
@@ -275,8 +275,8 @@ def _drop_leftovers(conn: psycopg.Connection, plan: CommitPlan) -> None:
         pass  # the commit is durable already: a leftover must not turn it into a failure
 
 
-def promote(conn: psycopg.Connection, plan: CommitPlan, messages: list[StagedAttempt | None]) -> dict[str, Any]:
-    """Promote every accepted attempt at once (all messages already collected).
+def apply_staged(conn: psycopg.Connection, plan: CommitPlan, messages: list[StagedAttempt | None]) -> dict[str, Any]:
+    """Apply every accepted attempt at once (all messages already collected).
 
     Raises:
         RejectRatioExceeded: the batch is over ``max_reject_ratio``; nothing committed.
@@ -284,7 +284,7 @@ def promote(conn: psycopg.Connection, plan: CommitPlan, messages: list[StagedAtt
         TransientError: a partition has no message; nothing committed.
     """
     chosen = accepted_attempts(plan, messages)
-    with Promotion(conn, plan) as promotion:
+    with ApplyTransaction(conn, plan) as applying:
         for message in chosen:
-            promotion.add(message)
-        return promotion.finish()
+            applying.add(message)
+        return applying.finish()
