@@ -8,7 +8,7 @@ small relationships, with nested arrays of objects (external references, kill-ch
 phases), long free text in many scripts, and cross-references by id. This generator
 makes a batch of that shape, the same bytes for the same seed, so "16 tables in one
 commit" can be measured: every type is its own table, so one batch fans out into 16
-staging tables and 16 promotions.
+staging tables and 16 inserts in the applying transaction.
 
 Every field a type uses is declared in the catalog ``tables()`` returns, so the
 measured run never widens a table (schema evolution is measured elsewhere).

@@ -24,6 +24,8 @@ from pathlib import Path
 
 FAULT_ENV = "IDEM_FAULT"
 POINTS = (
+    # *_promote: around the applying transaction's COMMIT (the names are older than the
+    # word "apply"; kept, being what IDEM_FAULT is set to)
     "before_stage", "staging", "before_promote", "during_promote", "after_promote",
     "migrate_batch",  # idem migrate: after each committed batch (record_type, partition, batch)
 )

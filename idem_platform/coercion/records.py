@@ -241,14 +241,14 @@ class RepeatedLines:
 
     * exact lines (bytes -> record type): a byte-identical repeat of an earlier good
       line is recognised before it is parsed, saving its parsing, its COPY and its
-      share of the promote. Bounded by ``limit`` (cleared when full: later repeats
+      share of the apply. Bounded by ``limit`` (cleared when full: later repeats
       are then caught by their key);
     * keys of good rows (key -> record type): the same record written differently
       (another key order, other spacing) has the same key and is counted as a
       repeat too. While this memory holds every key the attempt emitted,
       :attr:`unique` stays true: the attempt's staged rows have distinct keys and
-      the promote needs no ``DISTINCT ON`` sort. Past ``key_limit`` keys it is
-      cleared and :attr:`unique` turns false (the promote then sorts).
+      the apply needs no ``DISTINCT ON`` sort. Past ``key_limit`` keys it is
+      cleared and :attr:`unique` turns false (the apply then sorts).
 
     A repeat of a line that turned out to be a reject is a reject too, with the
     same reasons. Lines keyed by their position (no id, ``missing_id: position``)
@@ -772,7 +772,7 @@ def _metadata(meta: pa.Array, taken: np.ndarray, errors: list[str | None], *, ke
 def _unknown(record: dict[str, Any], skip: frozenset[str]) -> tuple[str | None, str | None]:
     """Fields no column declares: evolvable names (rendered as text) vs ``props`` (kept as JSON).
 
-    An evolvable field's JSON ``null`` stays ``null`` in ``_extra`` (the promote's
+    An evolvable field's JSON ``null`` stays ``null`` in ``_extra`` (the apply's
     ``_extra ->> name`` makes it SQL NULL), as a declared ``string`` column stores it: the
     text ``'null'`` would read as the string ``"null"``, which ``IS NULL`` misses and
     ``idem retype`` counts as a failed cast.

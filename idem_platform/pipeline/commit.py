@@ -7,7 +7,7 @@
 * after the locks, the ledger is read again: units a run we waited for
   committed meanwhile become replays;
 * the claim (ledger ``in_progress``, owner token) is committed before staging;
-  the promoting transaction re-checks it, so two runs can never both commit;
+  the applying transaction re-checks it, so two runs can never both commit;
 * the source's commit step (Kafka offsets) runs inside that transaction: if
   another run already moved it, nothing commits and the run reports that its
   range was already committed.
@@ -41,7 +41,9 @@ from idem_platform.pipeline.ingest import CoercedBatch, read_ledger, record_spec
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.redact import remember_url, scrub
-from idem_platform.write.apply import ClaimLost, Promotion, record_replay
+from idem_platform.write.apply.claim import ClaimLost
+from idem_platform.write.apply.result import record_replay
+from idem_platform.write.apply.transaction import ApplyTransaction
 from idem_platform.write.batch import SourceBatch
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import create_staging, drop_staging_quietly
@@ -66,8 +68,8 @@ class CommitRequest:
     replay: bool = False
     replay_window: timedelta = DEFAULT_REPLAY_WINDOW
     lock_wait_seconds: float = 600.0  # for another live run holding one of the batch's units
-    table_lock_timeout_seconds: float = 120.0  # for the target tables' lock at the promote
-    progress: Callable[[str], None] | None = None  # told as each slice is staged and promoted
+    table_lock_timeout_seconds: float = 120.0  # for the target tables' lock when applying
+    progress: Callable[[str], None] | None = None  # told as each slice is staged and applied
 
 
 def as_idem_error(exc: BaseException) -> errors.IdemError:
@@ -297,8 +299,8 @@ def replayed_records(batch: SourceBatch) -> int:
     return total
 
 
-def _progress_line(plan: CommitPlan, promotion: Promotion, done: int, seconds: float) -> str:
-    return f"slice {done}/{len(plan.slices)} staged: {promotion.records_staged:,} records so far, {seconds:.1f} s"
+def _progress_line(plan: CommitPlan, applying: ApplyTransaction, done: int, seconds: float) -> str:
+    return f"slice {done}/{len(plan.slices)} staged: {applying.records_staged:,} records so far, {seconds:.1f} s"
 
 
 def _refresh(url: str, batch: SourceBatch) -> SourceBatch:
@@ -306,6 +308,54 @@ def _refresh(url: str, batch: SourceBatch) -> SourceBatch:
     entries = read_ledger(url, batch.connector, sorted({u.key for u in batch.pending}))
     done = {k: e.result or {} for k, e in entries.items() if e.status == "committed"}
     return batch.with_committed(done) if done else batch
+
+
+def _claim_and_create_staging(request: CommitRequest, batch: SourceBatch, tables: dict[str, TableSpec]) -> CommitPlan:
+    """Plan the commit, make the units' ledger rows ours (committed before staging, so a
+    run that dies from here on is recognised as dead) and create the staging tables;
+    then drop what dead owners of those rows left staged."""
+    plan = _plan(request, batch, str(uuid.uuid4()), tables)
+    with connect(request.url) as conn:
+        with conn.transaction():
+            dead = _claim(conn, request, batch, plan.owner)
+        with conn.transaction():
+            plan = replace(plan, probe_known=tables_with_rows(conn, sorted(plan.tables)))
+        create_staging(conn, plan)
+    drop_staging_quietly(request.url, dead)  # a dead run's leftovers
+    return plan
+
+
+def _stage_and_apply(
+    request: CommitRequest, plan: CommitPlan, session: SparkSession | None, stage_started: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stage the slices in Spark while the applying transaction streams each one in,
+    then finish it. Returns the commit's result and the staging's own timings."""
+    from idem_platform.spark.stage import StagingJobs
+
+    with (
+        connect(request.url, application_name="idem-commit") as conn,
+        ApplyTransaction(conn, plan) as applying,
+        StagingJobs(session, request.url, plan) as jobs,
+    ):
+        for done, message in enumerate(jobs.in_order(), 1):
+            applying.add(message)
+            if request.progress is not None:
+                request.progress(_progress_line(plan, applying, done, time.monotonic() - stage_started))
+        staged_seconds = time.monotonic() - stage_started
+        if request.progress is not None:
+            request.progress(  # "promoting": the line's text is older than the word "apply"; kept
+                f"promoting {applying.records_staged:,} records into "
+                + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
+            )
+        result = applying.finish()
+    task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]
+    attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
+    return result, {
+        "stage_and_insert_seconds": round(staged_seconds, 3),
+        "stage_task_seconds": [round(t, 2) for t in task_seconds],
+        # Spark's attempt number of the accepted attempt of each slice (0 = first try).
+        "stage_attempt_numbers": attempt_numbers,
+    }
 
 
 def commit_batch(
@@ -329,8 +379,6 @@ def commit_batch(
         InFlightError: another live run kept one of the units past the wait.
         RejectRatioExceeded, TransientError, TerminalError: nothing was committed.
     """
-    from idem_platform.spark.stage import StagingJobs
-
     started = time.monotonic() if started is None else started
     batch = coerced.batch
     if batch.empty:
@@ -346,34 +394,10 @@ def commit_batch(
             return replay_batch(request, batch, started=started)
         keys = sorted({u.key for u in batch.pending})
         session = spark() if batch.slices else None  # empty files: nothing to read, no Spark
-        plan = _plan(request, batch, str(uuid.uuid4()), coerced.tables)
-        with connect(request.url) as conn:
-            with conn.transaction():
-                dead = _claim(conn, request, batch, plan.owner)
-            with conn.transaction():
-                plan = replace(plan, probe_known=tables_with_rows(conn, sorted(plan.tables)))
-            create_staging(conn, plan)
-        drop_staging_quietly(request.url, dead)  # a dead run's leftovers
+        plan = _claim_and_create_staging(request, batch, coerced.tables)
         stage_started = time.monotonic()
         try:
-            with (
-                connect(request.url, application_name="idem-commit") as conn,
-                Promotion(conn, plan) as promotion,
-                StagingJobs(session, request.url, plan) as jobs,
-            ):
-                for done, message in enumerate(jobs.in_order(), 1):
-                    promotion.add(message)
-                    if request.progress is not None:
-                        request.progress(_progress_line(plan, promotion, done, time.monotonic() - stage_started))
-                staged_seconds = time.monotonic() - stage_started
-                if request.progress is not None:
-                    request.progress(
-                        f"promoting {promotion.records_staged:,} records into "
-                        + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
-                    )
-                result = promotion.finish()
-            task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]
-            attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
+            result, stage_timings = _stage_and_apply(request, plan, session, stage_started)
         except ClaimLost as lost:
             # Our advisory locks went (a lost connection) and another run took the
             # units over: if it committed them, this run is a replay.
@@ -394,10 +418,7 @@ def commit_batch(
         result["timings"] = {
             **result.get("timings", {}),
             "prepare_seconds": round(stage_started - prepare_started, 3),
-            "stage_and_insert_seconds": round(staged_seconds, 3),
-            "stage_task_seconds": [round(t, 2) for t in task_seconds],
-            # Spark's attempt number of the accepted attempt of each slice (0 = first try).
-            "stage_attempt_numbers": attempt_numbers,
+            **stage_timings,
         }
     if plan.step is not None:
         result.update(plan.step.after_commit(result))

@@ -4,7 +4,7 @@
 Dagster job run. The rejects are planned as a source
 (:mod:`idem_platform.sources.rejects`) and go through the one write path: Spark
 tasks read them back and coerce them with the same code as a first ingest (their
-keys are the keys they would have had), staging, one promoting transaction that
+keys are the keys they would have had), staging, one applying transaction that
 writes the rows, marks the rejects retried, hands those that still fail back to
 the quarantine with their new reasons, and records the ``commits`` row, the
 execution log and the ledger. Nothing is ever deleted from ``idem.rejects``.

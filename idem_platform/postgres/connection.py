@@ -16,7 +16,7 @@ def is_unix_socket_url(url: str) -> bool:
     return host == "" or host.startswith("/")
 
 
-# TCP keepalives on every connection: a run's advisory locks and its promoting
+# TCP keepalives on every connection: a run's advisory locks and its applying
 # transaction live on connections that may sit idle while Spark stages, and a
 # peer that vanished (a dropped NAT entry, a crashed host) must be noticed in
 # about a minute, not after the kernel's two hours. Settings in the URL win.

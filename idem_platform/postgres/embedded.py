@@ -41,8 +41,8 @@ RELOAD_SETTINGS = {
     "checkpoint_timeout": "15min",
 }
 # Restart-time settings. 1 GB of shared buffers holds a million-record commit's
-# heap and index pages (the promote then evicts nothing to the OS mid-insert:
-# 7 % less promote time at 1M records here); 200 connections leave room for
+# heap and index pages (the apply then evicts nothing to the OS mid-insert:
+# 7 % less apply time at 1M records here); 200 connections leave room for
 # Dagster's webserver and daemon beside a run's executors.
 RESTART_SETTINGS = {
     "shared_buffers": "1GB",

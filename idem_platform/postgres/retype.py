@@ -12,7 +12,7 @@ rewrite of the text column, which keeps every value as it was accepted):
   ingests wait 2 s at most per try) — and the catalog row records it
   (``promoted_to``, ``promoted_column``);
 * from then on every commit fills it from the same text (see
-  :mod:`idem_platform.write.apply`), and existing rows are **backfilled** in
+  :mod:`idem_platform.write.apply.rows`), and existing rows are **backfilled** in
   batches of ``batch_rows`` (one transaction each, keyset order on the primary
   key; only rows whose companion is null and text is not: resumable, idempotent);
 * the typed value is what the type's ingest converter (DESIGN §3) makes of the

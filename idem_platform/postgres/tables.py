@@ -152,8 +152,8 @@ def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[s
     """Create/widen every declared table; return the effective specs.
 
     Runs in its own transaction under the DDL advisory lock, and keeps the
-    commit's lock order (:class:`idem_platform.write.apply.Promotion`):
-    catalog rows, then tables, each in name order, so a promote that widens a
+    commit's lock order (:class:`idem_platform.write.apply.transaction.ApplyTransaction`):
+    catalog rows, then tables, each in name order, so an applying transaction that widens a
     table and this sync never wait on each other in a cycle.
 
     Raises:

@@ -2,7 +2,7 @@
 
 ``filedrop`` (files dropped into a directory) and ``kafka`` (offset ranges of
 topics) share everything after planning: the coercion, the staging and the one
-promoting transaction.
+applying transaction.
 """
 
 from idem_platform.write.batch import RECORDS_SCHEMA, CommitStep, Slice, SourceBatch, Unit

@@ -5,10 +5,10 @@ one task: it reads the slice's records, coerces them (the same functions as
 the ``coerced`` frame) and COPYs the rows into the commit's staging tables
 tagged with a fresh attempt id, then returns one message. A job's ``collect`` hands the driver exactly one message,
 from the attempt Spark accepted; rows staged by failed, retried or speculative
-attempts carry other attempt ids and are never promoted or counted.
+attempts carry other attempt ids and are never applied or counted.
 
 One job per slice (as many in flight as Spark has task slots) lets the driver
-promote slice *k* while the executors stage the next ones: PostgreSQL's insert
+apply slice *k* while the executors stage the next ones: PostgreSQL's insert
 work overlaps the executors' work instead of following it.
 
 On a Spark Connect session (no RDD API) a job is ``spark.range(k, k+1)``
@@ -25,7 +25,7 @@ and commit run in fresh, non-daemon Python processes (SPARK-47346), about 8 s on
 the first write of every run on this machine against ~1.5 s for a first plain
 job, and its input rows cross the JVM: 44 s to stage 1M threat-feed records
 through the writer, 20 s fused here. The guarantee is the same: only messages
-that reached the driver are promoted, in one transaction.
+that reached the driver are applied, in one transaction.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from idem_platform.errors import TransientError
 from idem_platform.faults import checkpoint
 from idem_platform.spark.remote import lost_server
 from idem_platform.spark.slots import is_remote, task_slots
-from idem_platform.write.apply import StagedAttempt
+from idem_platform.write.apply.attempts import StagedAttempt
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, new_attempt_id
 

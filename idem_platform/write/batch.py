@@ -9,7 +9,7 @@ A connector turns what waits at its source into *units* and *slices*:
 * a **slice** is what one Spark task reads: a byte range of a file, a run of
   offsets. ``read()`` runs on an executor and yields Arrow batches of raw
   records (:data:`RECORDS_SCHEMA`), never a Python row at a time;
-* an optional **commit step** runs inside the promoting transaction (the Kafka
+* an optional **commit step** runs inside the applying transaction (the Kafka
   offsets' compare-and-set) and, best effort, after it commits.
 
 The commit path (``write/``, ``spark/stage.py``, coercion) sees only these:
@@ -109,14 +109,14 @@ class Slice(Protocol):
 
 
 class CommitStep(Protocol):
-    """Source state that moves with the rows, inside the one promoting transaction."""
+    """Source state that moves with the rows, inside the one applying transaction."""
 
     def restricted_to(self, unit_keys: Collection[str]) -> CommitStep | None:
         """The step for only these units (others turned out committed); ``None`` if empty."""
         ...
 
     def apply(self, conn: psycopg.Connection, commit_id: str, max_timestamps: Mapping[str, int]) -> dict[str, Any]:
-        """Run inside the promoting transaction; return fields for the commit's result.
+        """Run inside the applying transaction; return fields for the commit's result.
 
         ``max_timestamps`` maps a unit id to the newest source timestamp read
         from it (epoch ms). A returned ``valid_through`` (a datetime) goes to
@@ -132,7 +132,7 @@ class CommitStep(Protocol):
         ...
 
     # Optional: ``record_rejects(conn, plan, stages) -> int``. A step that has it keeps the
-    # batch's rejects itself, inside the promoting transaction, instead of new
+    # batch's rejects itself, inside the applying transaction, instead of new
     # ``idem.rejects`` rows (the quarantine's retry hands still-failing rejects back);
     # ``stages`` are the accepted attempts' reject tables; it returns how many it kept.
 

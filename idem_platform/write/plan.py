@@ -25,13 +25,13 @@ class CommitPlan:
     Attributes:
         units: the pending units, in ``_unit`` index order.
         slices: what each staging task reads (one input partition each).
-        step: source state moved inside the promoting transaction (Kafka offsets).
+        step: source state moved inside the applying transaction (Kafka offsets).
         meta_column: the tables' column that receives the records' source
             metadata (``_kafka``), or ``None`` to keep none.
         replayed_records: records of the batch's already-committed units: counted
             as replay skips, so every record of a mixed batch is accounted for.
-        lock_timeout_seconds: how long the promote waits for a target table's
-            lock (another commit promoting into it, a user's open ``LOCK``)
+        lock_timeout_seconds: how long the applying transaction waits for a target table's
+            lock (another commit applying rows to it, a user's open ``LOCK``)
             before it gives up with a transient error.
         probe_known: record types whose table held rows when the commit was
             planned: their staging tasks look up each batch's keys first and
@@ -56,7 +56,7 @@ class CommitPlan:
     step: CommitStep | None = None
     meta_column: str | None = None
     replayed_records: int = 0  # records of units in the batch that an earlier commit holds
-    lock_timeout_seconds: float = 120.0  # wait for the target tables' lock at the promote
+    lock_timeout_seconds: float = 120.0  # wait for the target tables' lock when applying
     probe_known: frozenset[str] = frozenset()
 
     @cached_property

@@ -8,14 +8,14 @@ its rows in PostgreSQL's binary format, encoded from the Arrow batches by pgpq
 and PostgreSQL two thirds per row, as no number, timestamp or array is printed
 and parsed again.
 
-One table per attempt is what lets the promoting transaction take exactly the
+One table per attempt is what lets the applying transaction take exactly the
 attempts whose commit messages reached the driver while reading only their
 rows: with one shared table tagged by attempt, each slice's INSERT scanned every
-row staged so far (a quarter of the promote's time at 1M records). Rows of
+row staged so far (a quarter of the apply's time at 1M records). Rows of
 failed, retried or speculative attempts sit in tables nobody reads and are
 dropped after the commit (or by the purge schedule, if a zombie attempt creates
 one later). Staging columns already have the final PostgreSQL types: JSON is
-parsed by the parallel COPYs, not by the single promoting INSERT.
+parsed by the parallel COPYs, not by the single applying INSERT.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from idem_platform.write.plan import CommitPlan
 PROBE_MIN_HITS = 0.25  # a batch with fewer known keys than this share ends an attempt's probing of its type
 # Staging tables live for one commit and are read once, in full: autovacuum's
 # ANALYZE/VACUUM of them (triggered by a large COPY) is wasted work, and the lock it
-# holds made the promote's DROP of the table wait up to deadlock_timeout (1 s) for
+# holds made the apply's DROP of the table wait up to deadlock_timeout (1 s) for
 # autovacuum to be cancelled, inside the commit.
 NO_AUTOVACUUM = "WITH (autovacuum_enabled = off, toast.autovacuum_enabled = off)"
 ATTEMPT_ID_HEX = 16  # an attempt's tables are "<template>_<16 hex>": at most 58 characters
@@ -74,7 +74,7 @@ STAGED_REJECT: tuple[tuple[str, str], ...] = (
 
 
 def staged_columns(spec: TableSpec) -> list[Column]:
-    """The typed columns staged: all but ``dynamic`` ones, which the promote takes
+    """The typed columns staged: all but ``dynamic`` ones, which the apply takes
     from ``_payload`` (``_payload -> 'field'``) instead of parsing them twice."""
     return [c for c in spec.columns if c.type.kind != "dynamic"]
 
@@ -371,7 +371,7 @@ class StagingWriter:
         self.attempt = attempt
         self.conn = connect(url, autocommit=True, application_name=f"idem-stage-{attempt[:8]}")
         # Nothing staged needs to survive a crash: the tables are UNLOGGED (emptied by
-        # crash recovery) and count only once the driver's promoting transaction, a
+        # crash recovery) and count only once the driver's applying transaction, a
         # synchronous commit whose WAL flush covers everything written before it,
         # commits. So this attempt's own commits (its tables' DDL, each COPY) do not
         # wait for a WAL flush: ~0.2 s of a task that stages many record types.
@@ -514,13 +514,13 @@ class StagingWriter:
 
         Rows that already sit in the table are skips whatever happens next (the
         product never deletes a row), so staging them only costs: their binary
-        COPY, PostgreSQL's parse of their JSON and the promote's reading them back.
+        COPY, PostgreSQL's parse of their JSON and the apply's reading them back.
         Re-delivered data (the same rows in new files, a topic replayed from an
         earlier offset) is mostly such rows. One index probe per key instead, and
         only while it pays: when under :data:`PROBE_MIN_HITS` of a batch's keys
         are known, this attempt stops probing the type and stages everything
-        (the promote's anti-join skips the rest, as for any table). Rows with
-        unknown fields are always staged: the promote's schema evolution looks
+        (the apply's anti-join skips the rest, as for any table). Rows with
+        unknown fields are always staged: the apply's schema evolution looks
         at every staged row's fields, as it would without the probe.
         """
         keys = rows.column("_idempotency_key")

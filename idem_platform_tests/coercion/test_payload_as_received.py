@@ -39,7 +39,8 @@ from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop import hash_file
-from idem_platform.write.apply import StagedAttempt, promote
+from idem_platform.write.apply.attempts import StagedAttempt
+from idem_platform.write.apply.transaction import apply_staged
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, new_attempt_id
 from idem_platform_tests.helpers import migrations_fixture
@@ -81,8 +82,8 @@ def _key_and_hash(connector: str, record_type: str, line: str) -> tuple[str, str
 
 
 def _commit(pg_url: str, plan: CommitPlan, lines: list[str], *, direct: bool) -> tuple[dict[str, Any], int]:
-    """Stage ``lines`` in process (direct rows or the Arrow batch) and promote them: the
-    commit path without Spark. Returns the promote's result and how many direct rows there were."""
+    """Stage ``lines`` in process (direct rows or the Arrow batch) and apply them: the
+    commit path without Spark. Returns the apply's result and how many direct rows there were."""
     writer = StagingWriter(pg_url, plan, new_attempt_id())
     rows_out = DirectRows(list(plan.tables)) if direct else None
     batch = coerce_batch(lines_batch([line.encode() for line in lines]), plan.spec, None, rows_out)
@@ -90,7 +91,7 @@ def _commit(pg_url: str, plan: CommitPlan, lines: list[str], *, direct: bool) ->
     writer.close()
     message = StagedAttempt(0, writer.attempt, writer.rows, writer.with_extra, writer.rejected)
     with connect(pg_url) as conn:
-        result = promote(conn, plan, [message])
+        result = apply_staged(conn, plan, [message])
     taken = sum(rows_out.count(name) for name in plan.tables) if rows_out is not None else 0
     return result, taken
 

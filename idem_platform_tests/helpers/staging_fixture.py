@@ -1,5 +1,5 @@
 """A commit plan of one dropped file, claimed in the ledger, its staging templates made:
-what the attempt tests stage into and promote, without Spark in between."""
+what the attempt tests stage into and apply, without Spark in between."""
 
 from __future__ import annotations
 

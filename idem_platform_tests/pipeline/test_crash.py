@@ -1,4 +1,4 @@
-"""A process killed between staging and the promoting transaction (or inside it) leaves nothing
+"""A process killed between staging and the applying transaction (or inside it) leaves nothing
 visible; the next run takes the file over and commits every record exactly once."""
 
 from __future__ import annotations

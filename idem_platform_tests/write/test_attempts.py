@@ -1,4 +1,4 @@
-"""Task attempts are not rows: only attempts whose commit messages arrived are promoted and counted."""
+"""Task attempts are not rows: only attempts whose commit messages arrived are applied and counted."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from idem_platform.ledger import Ledger
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.sources.filedrop import Split, hash_file
-from idem_platform.write.apply import ClaimLost, StagedAttempt, promote
+from idem_platform.write.apply.attempts import StagedAttempt
+from idem_platform.write.apply.claim import ClaimLost
+from idem_platform.write.apply.transaction import apply_staged
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import (
     STAGED_SYSTEM,
@@ -59,7 +61,7 @@ def _stage(pg_url: str, plan: CommitPlan, batch: pa.RecordBatch, partition: int)
     return StagedAttempt(partition, attempt, writer.rows, writer.with_extra, writer.rejected)
 
 
-def test_only_accepted_attempts_are_promoted(pg_url: str, staged: tuple[CommitPlan, list[str], RecordSpec]) -> None:
+def test_only_accepted_attempts_are_applied(pg_url: str, staged: tuple[CommitPlan, list[str], RecordSpec]) -> None:
     plan, lines, spec = staged
     half_0 = _batch(lines[:20], 1, spec)
     half_1 = _batch(lines[20:], 21, spec)
@@ -69,7 +71,7 @@ def test_only_accepted_attempts_are_promoted(pg_url: str, staged: tuple[CommitPl
     accepted_1 = _stage(pg_url, plan, half_1, 1)
     assert failed.rows  # those rows really are in staging
     with connect(pg_url) as conn:
-        result = promote(conn, plan, [accepted_0, None, accepted_1, speculative_0])
+        result = apply_staged(conn, plan, [accepted_0, None, accepted_1, speculative_0])
     assert result["rows_written"] == 40 and result["rows_skipped"] == 0 and result["rows_rejected"] == 0
     with connect(pg_url) as conn:
         total = sum(
@@ -85,7 +87,7 @@ def test_a_missing_partition_commits_nothing(pg_url: str, staged: tuple[CommitPl
     plan, lines, spec = staged
     only = _stage(pg_url, plan, _batch(lines[:20], 1, spec), 0)
     with connect(pg_url) as conn, pytest.raises(TransientError, match="cover 1 of 2 partitions"):
-        promote(conn, plan, [only])
+        apply_staged(conn, plan, [only])
 
 
 def test_a_claim_taken_by_another_run_commits_nothing(pg_url: str, staged: tuple[CommitPlan, list[str], RecordSpec]) -> None:
@@ -94,7 +96,7 @@ def test_a_claim_taken_by_another_run_commits_nothing(pg_url: str, staged: tuple
     with connect(pg_url) as conn, conn.transaction():
         Ledger(conn, "threatfeed").take_over(plan.units[0].key, "another-run/xyz")
     with connect(pg_url) as conn, pytest.raises(ClaimLost, match="no longer owns it"):
-        promote(conn, plan, messages)
+        apply_staged(conn, plan, messages)
     with connect(pg_url) as conn:
         assert conn.execute("SELECT count(*) FROM idem.commits").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM idem.indicator").fetchone() == (0,)
@@ -114,7 +116,7 @@ def test_a_zombie_attempt_still_copying_never_blocks_the_commit(
         holder.execute(f'LOCK TABLE idem_staging."{zombie_table}" IN ROW EXCLUSIVE MODE')
         started = time.monotonic()
         with connect(pg_url) as conn:
-            result = promote(conn, plan, messages)
+            result = apply_staged(conn, plan, messages)
         assert time.monotonic() - started < 30
         assert result["rows_written"] == 40
         with connect(pg_url) as conn:
@@ -186,7 +188,7 @@ def test_a_row_postgresql_refuses_at_staging_is_that_records_reject(
     first = _stage(pg_url, plan, half_0, 0)
     assert sum(first.rows.values()) == 17 and first.rejected == 3
     with connect(pg_url) as conn:
-        result = promote(conn, plan, [first, _stage(pg_url, plan, _batch(lines[20:], 21, spec), 1)])
+        result = apply_staged(conn, plan, [first, _stage(pg_url, plan, _batch(lines[20:], 21, spec), 1)])
     assert (result["rows_written"], result["rows_rejected"]) == (37, 3)
     with connect(pg_url) as conn:
         rejects = conn.execute("SELECT line, raw, reasons, context FROM idem.rejects ORDER BY line").fetchall()

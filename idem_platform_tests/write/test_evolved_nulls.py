@@ -18,7 +18,8 @@ from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.schema import migrations
 from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop import hash_file
-from idem_platform.write.apply import StagedAttempt, promote
+from idem_platform.write.apply.attempts import StagedAttempt
+from idem_platform.write.apply.transaction import apply_staged
 from idem_platform.write.staging import StagingWriter, new_attempt_id
 from idem_platform_tests.helpers.batches import lines_batch
 from idem_platform_tests.helpers.database import rows
@@ -35,7 +36,7 @@ def _commit(pg_url: str, config: IdemConfig, directory: Path, name: str, lines: 
     writer.write(coerce_batch(lines_batch([line.encode() for line in lines]), plan.spec))
     writer.close()
     with connect(pg_url) as conn:
-        return promote(conn, plan, [StagedAttempt(0, writer.attempt, writer.rows, writer.with_extra, writer.rejected)])
+        return apply_staged(conn, plan, [StagedAttempt(0, writer.attempt, writer.rows, writer.with_extra, writer.rejected)])
 
 
 def _line(ext: str, **fields: Any) -> str:

@@ -1,7 +1,7 @@
 """Keys a table already holds are looked up, not staged: re-delivered rows cost a probe, not a COPY.
 
 A commit into tables that hold rows (``CommitPlan.probe_known``) has each staging
-attempt look up its batches' keys and stage only the others; the promote counts
+attempt look up its batches' keys and stage only the others; the apply counts
 the known ones as idempotent skips, exactly as if they had been staged and
 skipped by its anti-join.
 """
@@ -21,7 +21,8 @@ from idem_platform.postgres import connect
 from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.sources.filedrop import hash_file
-from idem_platform.write.apply import StagedAttempt, promote
+from idem_platform.write.apply.attempts import StagedAttempt
+from idem_platform.write.apply.transaction import apply_staged
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import StagingWriter, new_attempt_id
 from idem_platform_tests.helpers.batches import lines_batch
@@ -59,7 +60,7 @@ def test_known_keys_are_counted_as_skips_and_never_staged(pg_url: str, threatfee
     assert first.probe_known == frozenset()  # empty tables: a first load probes nothing
     message, _ = _stage(pg_url, first, [_coerced(first, old)])
     with connect(pg_url) as conn:
-        assert promote(conn, first, [message])["rows_written"] == 60
+        assert apply_staged(conn, first, [message])["rows_written"] == 60
 
     # The same rows in a new file (other order), 10 new rows, and a known record with one
     # more field: other content, so another key (a new row, not a skip).
@@ -72,7 +73,7 @@ def test_known_keys_are_counted_as_skips_and_never_staged(pg_url: str, threatfee
     assert sum(writer.known.values()) == 60  # looked up, not staged
     assert sum(writer.rows.values()) == 11
     with connect(pg_url) as conn:
-        result = promote(conn, second, [message])
+        result = apply_staged(conn, second, [message])
     assert (result["rows_written"], result["rows_skipped"], result["rows_rejected"]) == (11, 60, 0)
     assert sum(t["skipped"] for t in result["tables"].values()) == 60
     assert _rows(pg_url) == 71
@@ -86,18 +87,18 @@ def test_an_attempt_stops_probing_a_type_whose_keys_are_new(pg_url: str, threatf
     first = _plan(pg_url, threatfeed, write_lines(tmp_path / "a.ndjson", old))
     message, _ = _stage(pg_url, first, [_coerced(first, old)])
     with connect(pg_url) as conn:
-        promote(conn, first, [message])
+        apply_staged(conn, first, [message])
 
     new = list(threatfeed_lines(40, seed=22, duplicate_ratio=0.0, start=5000))
     second = _plan(pg_url, threatfeed, write_lines(tmp_path / "b.ndjson", new + old))
     # A batch of new keys first: the probe finds none, so the attempt stages the rest of
-    # each such type; the promote's anti-join still skips the known rows staged after it.
+    # each such type; the apply's anti-join still skips the known rows staged after it.
     message, writer = _stage(pg_url, second, [_coerced(second, new), _coerced(second, old)])
     stopped = {json.loads(line)["type"] for line in new}
     assert not stopped & set(writer.known)
     assert sum(writer.rows.values()) + sum(writer.known.values()) == 80
     with connect(pg_url) as conn:
-        result = promote(conn, second, [message])
+        result = apply_staged(conn, second, [message])
     assert (result["rows_written"], result["rows_skipped"]) == (40, 40)
     assert _rows(pg_url) == 80
 

@@ -1,5 +1,5 @@
-"""Locks and liveness of the commit (issue 17): target tables are locked only for the
-promote, every lock wait is bounded, a run that lost its claim replays, and every
+"""Locks and liveness of the commit (issue 17): target tables are locked only while
+applying, every lock wait is bounded, a run that lost its claim replays, and every
 record of a mixed batch is counted."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
-from idem_platform.write.apply import ALTER_TRY_SECONDS, LockTimeout
+from idem_platform.write.apply.locks import ALTER_TRY_SECONDS, LockTimeout
 from idem_platform_tests.helpers.config import write_config
 from idem_platform_tests.helpers.database import reset_database
 
@@ -105,7 +105,7 @@ def test_staging_holds_no_lock_on_the_target_table(pg_url: str, feeds: IdemConfi
     seen: list[list[tuple[str, str]]] = []
 
     def progress(line: str) -> None:
-        if line.startswith("slice "):  # a slice is staged; the promote has not begun
+        if line.startswith("slice "):  # a slice is staged; finishing has not begun
             seen.append(strong_locks(pg_url, "indicator"))
 
     summary = ingest(pg_url, feeds, spark, "feed-a", file, progress=progress)
@@ -115,7 +115,7 @@ def test_staging_holds_no_lock_on_the_target_table(pg_url: str, feeds: IdemConfi
 
 
 def test_two_connectors_into_one_table_commit_while_a_reader_reads(pg_url: str, feeds: IdemConfig, spark: Any) -> None:
-    # Each batch brings a new field (an evolving ALTER at its promote) to make the
+    # Each batch brings a new field (an evolving ALTER when it is applied) to make the
     # readers' wait as long as it can be.
     a = write_lines(drop_path(feeds, "feed-a", "a.ndjson"), records("a", 20_000, region="eu"))
     b = write_lines(drop_path(feeds, "feed-b", "b.ndjson"), records("b", 20_000, colour="red"))
@@ -154,13 +154,13 @@ def test_two_connectors_into_one_table_commit_while_a_reader_reads(pg_url: str, 
             "SELECT count(*), count(region), count(colour) FROM idem.indicator"
         ).fetchone() or (0, 0, 0)
     assert (count, regions, colours) == (40_000, 20_000, 20_000)
-    # The reader kept reading throughout, and never waited longer than a promote.
-    promote = max(
+    # The reader kept reading throughout, and never waited longer than an apply.
+    apply_seconds = max(
         r["timings"]["lock_wait_seconds"] + r["timings"]["insert_seconds"] + r["timings"]["commit_seconds"]
         for r in results.values()
     )
     assert len(latencies) >= 5  # it read throughout (a fast machine commits both in well under a second)
-    assert max(latencies) <= promote + 3.0, (max(latencies), promote)  # slack for a loaded CI machine
+    assert max(latencies) <= apply_seconds + 3.0, (max(latencies), apply_seconds)  # slack for a loaded CI machine
 
 
 def test_a_table_lock_held_elsewhere_ends_in_a_transient_error_then_a_retry_commits(
@@ -200,7 +200,7 @@ def test_a_column_is_added_in_short_tries_so_new_readers_wait_briefly(pg_url: st
         reader = threading.Thread(target=late_reader)
 
         def progress(line: str) -> None:
-            if line.startswith("promoting"):
+            if line.startswith("promoting"):  # the progress line's text, kept
                 reader.start()
 
         with pytest.raises(LockTimeout, match="to add column 'brand_new' to table idem.indicator"):
@@ -233,7 +233,7 @@ def test_a_run_that_lost_its_claim_to_a_committed_run_replays(pg_url: str, feeds
     assert summary["replayed"] is True and summary["rows_written"] == 0
     assert summary["prior"]["commit_id"] == other
     with connect(pg_url) as conn:
-        assert conn.execute("SELECT count(*) FROM idem.indicator").fetchone() == (0,)  # this run promoted nothing
+        assert conn.execute("SELECT count(*) FROM idem.indicator").fetchone() == (0,)  # this run applied nothing
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'idem_staging'").fetchone() == (0,)
 
 
@@ -297,7 +297,7 @@ def test_every_connection_has_tcp_keepalives(pg_url: str) -> None:
 
 
 def commit_once_blocked(url: str, other: psycopg.Connection, timeout: float = 120) -> None:
-    """Commit ``other`` as soon as idem's promoting connection waits for a lock."""
+    """Commit ``other`` as soon as idem's applying connection waits for a lock."""
     deadline = time.monotonic() + timeout
     with connect(url, autocommit=True) as probe:
         while time.monotonic() < deadline:

@@ -3,7 +3,7 @@
 A connector kind contributes only its ``ingest`` asset (what to read: dropped
 files, Kafka offset ranges); coercion and the exactly-once commit are the same
 code for every source. Only ``committed`` writes: its IO manager runs the one
-promoting transaction.
+applying transaction.
 """
 
 import dagster as dg

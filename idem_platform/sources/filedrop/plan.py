@@ -5,10 +5,10 @@ pending file (line-aligned byte ranges cut while hashing) are laid end to end
 and packed into about :data:`TARGET_SLICES` slices, whatever the number of
 files. Ten files of 38 MB make the tasks one file of 387 MB makes (not ten times
 as many), and a burst of small files shares a few tasks instead of paying a
-task, a staging table per record type and a promote statement each.
+task, a staging table per record type and an insert statement each.
 
 The bytes of the last :data:`TAIL_SLICES` slices' worth are cut into slices a
-quarter of the size: the promote of the slices staged last is the one part of a
+quarter of the size: the apply of the slices staged last is the one part of a
 commit that nothing overlaps, so the smaller they are, the shorter the wait.
 """
 

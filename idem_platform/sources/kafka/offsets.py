@@ -1,7 +1,7 @@
 """``idem.source_offsets``: the offsets that count, moved only inside the rows' transaction.
 
 A run plans each partition's range from the committed ``next_offset`` (its
-*expected start*). The promoting transaction then advances the row with a
+*expected start*). The applying transaction then advances the row with a
 compare-and-set, ``WHERE next_offset = <expected start>``: of two runs of one
 range, exactly one moves it; the other's transaction rolls back with its rows
 (:class:`~idem_platform.errors.SourceMoved`), so a crash or a race anywhere

@@ -4,7 +4,7 @@ Each partition with lag is one unit: ledger key ``kafka:<topic>-<partition>@<com
 positions ``<topic>-<partition>@<offset>``. Its range is cut into slices of at
 most ``split_records`` offsets (one Spark task each), about eight in all so a
 small run still uses every core. The commit step moves ``idem.source_offsets``
-from the committed offsets to the ranges' ends inside the promoting transaction.
+from the committed offsets to the ranges' ends inside the applying transaction.
 
 Explicit ranges (what the sensor requests) are checked against the committed
 offsets: a range that starts where the partition is committed is read; one

@@ -5,7 +5,7 @@ connector's quarantined rows as a batch like any other source's: one unit per
 original ``(commit, source)`` whose position prefix is the original one, so a
 record that passes now gets the key it would have had the first time; slices of
 reject ids that Spark tasks read from ``idem.rejects``; and a commit step that
-marks the rejects retried inside the promoting transaction (a compare-and-set, so
+marks the rejects retried inside the applying transaction (a compare-and-set, so
 two retries never both take a row) and leaves those that still fail quarantined
 with the reasons they fail for now.
 """

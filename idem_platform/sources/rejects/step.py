@@ -1,4 +1,4 @@
-"""The retry's commit step: mark the rejects retried, inside the promoting transaction.
+"""The retry's commit step: mark the rejects retried, inside the applying transaction.
 
 ``apply`` takes every planned reject with a compare-and-set, ``WHERE
 retried_commit_id IS NULL``, after locking the rows in id order: of two retries

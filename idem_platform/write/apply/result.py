@@ -1,0 +1,175 @@
+"""What a commit returns and records: its result, the ``commits`` row, the
+``execution_log`` counts, what each ledger row keeps, and a replay's own commit."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from idem_platform.ledger import Ledger
+from idem_platform.postgres.schema import SCHEMA
+from idem_platform.write.plan import CommitPlan
+
+
+def sources_of(sources: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A result's ``files`` (the units that are files, the summary's contract key) and,
+    when other sources took part, all of them under ``sources``."""
+    files = [source for source in sources if "file" in source]
+    return {"files": files} if len(files) == len(sources) else {"files": files, "sources": sources}
+
+
+def applied_result(
+    plan: CommitPlan,
+    *,
+    rows_written: int,
+    idempotent_skips: int,
+    rows_rejected: int,
+    tables: dict[str, Any],
+    timings: dict[str, Any],
+) -> dict[str, Any]:
+    """The result of a commit that applied its rows: the run's summary, and what the
+    ``commits`` row and the ledger rows record of it."""
+    return {
+        "commit_id": plan.commit_id,
+        "connector": plan.connector,
+        "run_id": plan.run_id,
+        "rows_written": rows_written,
+        "rows_skipped": idempotent_skips + plan.replayed_records,
+        "rows_rejected": rows_rejected,
+        "replayed": False,
+        **({"replay_skipped": plan.replayed_records} if plan.replayed_records else {}),
+        **sources_of(plan.sources()),
+        "tables": tables,
+        "schema_versions": {rt: plan.tables[rt].schema_version for rt in sorted(plan.tables)},
+        "timings": timings,
+    }
+
+
+def record_applied(
+    conn: psycopg.Connection,
+    plan: CommitPlan,
+    result: dict[str, Any],
+    *,
+    counts: tuple[int, int, int],
+    valid_through: datetime | None,
+) -> None:
+    """Record an applied commit in the transaction that holds its rows: the ``commits``
+    row, the ``execution_log`` counts (``counts``: rows written, idempotent skips, rows
+    rejected) and each ledger row's result (committed)."""
+    rows_written, idempotent_skips, rows_rejected = counts
+    record_commit(conn, plan, result, replay=False, valid_through=valid_through)
+    log_counts(conn, plan.commit_id, rows_written, idempotent_skips, rows_rejected, replay=plan.replay,
+               replay_skipped=plan.replayed_records)
+    ledger = Ledger(conn, plan.connector, replay_window=timedelta(seconds=plan.replay_window_seconds))
+    keys = plan.ledger_keys()
+    for key in keys:
+        ledger.commit(key, ledger_result(result, key, len(keys)), owner=plan.owner)
+
+
+def ledger_result(result: dict[str, Any], key: str, commit_keys: int) -> dict[str, Any]:
+    """What one ledger row keeps of its commit's result: the counts and tables of the
+    commit, but of its sources only this key's own, plus how many keys the commit had.
+
+    A batch of N files writes N ledger rows in its applying transaction; with every
+    source in each, that was N² entries (500 files: 250,000, ~40 MB of jsonb). The whole
+    list stays once in ``idem.commits.sources``; ``commit_keys`` is enough to tell
+    whether a replay covers all of a prior commit (:func:`~idem_platform.pipeline.commit.replayed_records`).
+    """
+    own = {name: [s for s in entries if s.get("key") == key] for name in ("files", "sources") if (entries := result.get(name)) is not None}
+    return {**result, **own, "commit_keys": commit_keys}
+
+
+def record_commit(
+    conn: psycopg.Connection,
+    plan: CommitPlan,
+    result: dict[str, Any],
+    *,
+    replay: bool,
+    valid_through: datetime | None = None,
+) -> None:
+    """The ``commits`` row. ``valid_through``: the source's own clock when it has one
+    (the Kafka messages' timestamps), else the end of the replay window."""
+    conn.execute(
+        f"""
+        INSERT INTO {SCHEMA}.commits (commit_id, run_id, connector, started_at, rows_written,
+            rows_skipped, rows_rejected, replay, sources, valid_through, schema_versions, tables)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, coalesce(%s, now() + %s), %s, %s)
+        """,
+        [
+            result["commit_id"], plan.run_id, plan.connector, plan.started_at,
+            result["rows_written"], result["rows_skipped"], result["rows_rejected"], replay,
+            Jsonb(plan.sources()), valid_through, timedelta(seconds=plan.replay_window_seconds),
+            Jsonb(result.get("schema_versions", {})), Jsonb(result.get("tables", {})),
+        ],
+    )
+
+
+def log_counts(
+    conn: psycopg.Connection,
+    commit_id: str,
+    written: int,
+    skipped: int,
+    rejected: int,
+    *,
+    replay: bool,
+    replay_skipped: int = 0,
+) -> None:
+    """The commit's ``execution_log`` counts. ``replay_skipped``: records of units an
+    earlier commit holds (a mixed batch's already-committed files)."""
+    events = {
+        "written": written,
+        "replay_skip" if replay else "idempotent_skip": skipped,
+        "rejected": rejected,
+    }
+    if replay_skipped:
+        events["replay_skip"] = events.get("replay_skip", 0) + replay_skipped
+    with conn.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {SCHEMA}.execution_log (commit_id, event_type, count) VALUES (%s, %s, %s)",
+            [(commit_id, event, count) for event, count in events.items() if count],
+        )
+
+
+def record_replay(conn: psycopg.Connection, plan: CommitPlan, priors: list[dict[str, Any]]) -> dict[str, Any]:
+    """Record a run whose units were all committed before: a ``replay`` commit, nothing else.
+
+    Every record of the units counts as ``replay_skip``; ``prior`` carries the
+    original commits' counts. Runs in its own transaction.
+    """
+    skipped = sum(p.get("rows_written", 0) + p.get("rows_skipped", 0) + p.get("rows_rejected", 0) for p in _unique(priors))
+    result = {
+        "commit_id": plan.commit_id,
+        "connector": plan.connector,
+        "run_id": plan.run_id,
+        "rows_written": 0,
+        "rows_skipped": skipped,
+        "rows_rejected": 0,
+        "replayed": True,
+        **sources_of(plan.sources()),
+        "prior": _prior(priors),
+    }
+    with conn.transaction():
+        record_commit(conn, plan, result, replay=True)
+        log_counts(conn, plan.commit_id, 0, skipped, 0, replay=True)
+    return result
+
+
+def _unique(priors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for prior in priors:
+        seen.setdefault(str(prior.get("commit_id")), prior)
+    return list(seen.values())
+
+
+def _prior(priors: list[dict[str, Any]]) -> dict[str, Any]:
+    unique = _unique(priors)
+    if len(unique) == 1:
+        p = unique[0]
+        return {k: p.get(k) for k in ("commit_id", "rows_written", "rows_skipped", "rows_rejected")}
+    return {
+        "commit_ids": [p.get("commit_id") for p in unique],
+        **{k: sum(p.get(k, 0) for p in unique) for k in ("rows_written", "rows_skipped", "rows_rejected")},
+    }
