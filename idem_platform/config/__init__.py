@@ -1,0 +1,41 @@
+"""``idem.yaml``: the one file that declares connectors, tables, migrations and Spark.
+
+Parsed into typed pydantic models. Every error names the file, the dotted key
+(``connectors[0].max_reject_ratio``), its line when known, and what is wrong, so
+a user can fix the file without reading our code. ``${VAR}`` and
+``${VAR:-default}`` in string values are resolved from the environment at load.
+Relative paths are relative to the file itself, not to the working directory.
+"""
+
+from idem_platform.config.common import SchemaContract
+from idem_platform.config.connectors import (
+    MANAGED_KAFKA_SETTINGS,
+    PUSH_SENSOR_INTERVAL_SECONDS,
+    ConnectorConfig,
+)
+from idem_platform.config.loader import CONFIG_ENV, load_config, parse_config
+from idem_platform.config.model import IdemConfig
+from idem_platform.config.spark import (
+    SPARK_MASTER_ENV,
+    SPARK_REMOTE_ENV,
+    SPARK_SERVER_ENV,
+    SparkConfig,
+)
+from idem_platform.config.tables import ColumnConfig, TableConfig
+
+__all__ = [
+    "CONFIG_ENV",
+    "MANAGED_KAFKA_SETTINGS",
+    "PUSH_SENSOR_INTERVAL_SECONDS",
+    "SPARK_MASTER_ENV",
+    "SPARK_REMOTE_ENV",
+    "SPARK_SERVER_ENV",
+    "ColumnConfig",
+    "ConnectorConfig",
+    "IdemConfig",
+    "SchemaContract",
+    "SparkConfig",
+    "TableConfig",
+    "load_config",
+    "parse_config",
+]
