@@ -31,7 +31,10 @@ from idem_platform.config import (
     CONFIG_ENV,
     SPARK_MASTER_ENV,
     SPARK_REMOTE_ENV,
+    FileConnectorBase,
     IdemConfig,
+    KafkaConnector,
+    PushConnectorBase,
     load_config,
 )
 from idem_platform.errors import IdemError
@@ -332,7 +335,7 @@ def _connector_name(config: IdemConfig, given: str | None, files: Sequence[str] 
         paths = [Path(f).resolve() for f in files]
         holders = [
             c for c in config.connectors
-            if c.lands_files and c.path is not None and all(p.is_relative_to(c.path.resolve()) for p in paths)
+            if isinstance(c, FileConnectorBase) and c.path is not None and all(p.is_relative_to(c.path.resolve()) for p in paths)
         ]
         if len(holders) == 1:
             return holders[0].name
@@ -666,11 +669,12 @@ def offsets_report(config: IdemConfig, url: str, connector_name: str | None = No
     from idem_platform.sources.kafka.offsets import offset_rows
 
     if connector_name is not None:
-        connectors = [config.connector(connector_name)]
-        if connectors[0].kind != "kafka":
-            raise CommandError(f"connector {connector_name!r} is a {connectors[0].kind} connector; it has no offsets")
+        chosen = config.connector(connector_name)
+        if not isinstance(chosen, KafkaConnector):
+            raise CommandError(f"connector {connector_name!r} is a {chosen.kind} connector; it has no offsets")
+        connectors = [chosen]
     else:
-        connectors = [c for c in config.connectors if c.kind == "kafka"]
+        connectors = [c for c in config.connectors if isinstance(c, KafkaConnector)]
         if not connectors:
             raise CommandError("no kafka connector in the config")
     report: list[dict[str, Any]] = []
@@ -726,7 +730,7 @@ def cmd_serve(args: argparse.Namespace) -> dict[str, Any] | None:
         config = config.model_copy(
             update={
                 "connectors": [
-                    c.model_copy(update={"max_body_bytes": args.max_body_bytes}) if c.kind in ("http", "otlp") else c
+                    c.model_copy(update={"max_body_bytes": args.max_body_bytes}) if isinstance(c, PushConnectorBase) else c
                     for c in config.connectors
                 ]
             }

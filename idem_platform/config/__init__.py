@@ -9,9 +9,19 @@ Relative paths are relative to the file itself, not to the working directory.
 
 from idem_platform.config.common import SchemaContract
 from idem_platform.config.connectors import (
+    KINDS,
     MANAGED_KAFKA_SETTINGS,
     PUSH_SENSOR_INTERVAL_SECONDS,
+    ConnectorBase,
     ConnectorConfig,
+    FileConnector,
+    FileConnectorBase,
+    FileDropConnector,
+    HttpConnector,
+    KafkaConnector,
+    OtlpConnector,
+    PushConnector,
+    PushConnectorBase,
 )
 from idem_platform.config.loader import CONFIG_ENV, load_config, parse_config
 from idem_platform.config.model import IdemConfig
@@ -25,14 +35,24 @@ from idem_platform.config.tables import ColumnConfig, TableConfig
 
 __all__ = [
     "CONFIG_ENV",
+    "KINDS",
     "MANAGED_KAFKA_SETTINGS",
     "PUSH_SENSOR_INTERVAL_SECONDS",
     "SPARK_MASTER_ENV",
     "SPARK_REMOTE_ENV",
     "SPARK_SERVER_ENV",
     "ColumnConfig",
+    "ConnectorBase",
     "ConnectorConfig",
+    "FileConnector",
+    "FileConnectorBase",
+    "FileDropConnector",
+    "HttpConnector",
     "IdemConfig",
+    "KafkaConnector",
+    "OtlpConnector",
+    "PushConnector",
+    "PushConnectorBase",
     "SchemaContract",
     "SparkConfig",
     "TableConfig",

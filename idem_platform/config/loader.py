@@ -10,7 +10,9 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
+from idem_platform.config.connectors import KINDS, KafkaConnector
 from idem_platform.config.model import IdemConfig
 from idem_platform.errors import ConfigError
 from idem_platform.redact import remember_settings
@@ -63,6 +65,32 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+def _problem(error: ErrorDetails, root: yaml.Node | None) -> str:
+    """One validation error as ``key (line N): message``, in the file's own terms.
+
+    A connector is validated as the model its ``kind`` names, and pydantic puts that kind in
+    the error's location (``connectors[0].kafka.topics``) and words a bad or missing ``kind``
+    in terms of tags: both are put back as a key of the file (``connectors[0].kind``)."""
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    message = error["msg"].removeprefix("Value error, ")
+    if len(loc) > 2 and loc[0] == "connectors" and isinstance(loc[1], int) and loc[2] in KINDS:
+        loc = loc[:2] + loc[3:]
+    if error["type"] == "union_tag_invalid":
+        loc, message = (*loc, "kind"), f"Input should be {_one_of(KINDS)}"
+    elif error["type"] == "union_tag_not_found":
+        loc, message = (*loc, "kind"), "Field required"
+    elif error["type"] == "model_attributes_type" and loc[:1] == ("connectors",):
+        message = "Input should be a valid dictionary or instance of ConnectorConfig"
+    line = _line_of(root, loc)
+    return f"{_dotted(loc) or '(top level)'}{f' (line {line})' if line else ''}: {message}"
+
+
+def _one_of(values: tuple[str, ...]) -> str:
+    """``'a', 'b' or 'c'``, as pydantic words a choice."""
+    quoted = [repr(value) for value in values]
+    return ", ".join(quoted[:-1]) + f" or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader that refuses a key given twice in one mapping (the last would win silently)."""
 
@@ -107,17 +135,11 @@ def parse_config(text: str, path: Path | None = None) -> IdemConfig:
     try:
         config = IdemConfig.model_validate(data, context={"source": path})
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            line = _line_of(root, loc)
-            key = _dotted(loc) or "(top level)"
-            message = error["msg"].removeprefix("Value error, ")
-            problems.append(f"{key}{f' (line {line})' if line else ''}: {message}")
-        raise ConfigError("; ".join(problems), path=where) from None
+        raise ConfigError("; ".join(_problem(error, root) for error in exc.errors()), path=where) from None
     for connector in config.connectors:
-        # From here on, no message of this process shows these credentials (idem_platform.redact).
-        remember_settings(connector.client_config)
+        if isinstance(connector, KafkaConnector):
+            # From here on, no message of this process shows these credentials (idem_platform.redact).
+            remember_settings(connector.client_config)
     return config.model_copy(update={"source": path})
 
 
