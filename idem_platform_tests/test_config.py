@@ -178,3 +178,24 @@ def test_each_kind_parses_to_its_own_model() -> None:
     assert isinstance(http, HttpConnector) and http.sensor_interval == 5 and http.max_body_bytes == 64 << 20
     assert isinstance(otlp, OtlpConnector) and otlp.record_type == "log" and otlp.missing_id == "content"
     assert not kafka.lands_files and kafka.contract == "drop" and filedrop.contract == "evolve"
+
+
+def test_a_connector_carries_what_it_needs_of_tables_and_migrations(tmp_path: Path) -> None:
+    """Executors get one connector, not the config: its record types' own schema_contract and
+    the config's migrations are fields of it (set by the config, kept by copies, never keys of
+    the file)."""
+    text = (
+        "connectors:\n  - {name: f, kind: filedrop, path: d, record_type_field: t}\n"
+        "tables:\n  thing: {schema_contract: strict, schema_version: 2}\n  other: {}\n"
+        "migrations: [my_migrations]\n"
+    )
+    connector = parse_config(text, tmp_path / "idem.yaml").connector("f")
+    assert connector.table_contracts == {"thing": "strict"}
+    assert connector.migrations.modules == ("my_migrations",) and connector.migrations.base_dir == str(tmp_path)
+    assert connector.migrations.current == (("other", 1), ("thing", 2))
+    copied = connector.model_copy(update={"max_reject_ratio": 0.5})
+    assert copied.contract_for("thing") == "strict" and copied.migrations == connector.migrations
+    assert "table_contracts" not in connector.model_dump() and "migrations" not in connector.model_dump()
+    for key in ("table_contracts: {thing: drop}", "migrations: [x]"):
+        with pytest.raises(ConfigError, match=rf"connectors\[0\]\.{key.split(':')[0]} \(line 2\): Extra inputs"):
+            parse_config(text.replace("record_type_field: t}", f"record_type_field: t, {key}}}"))

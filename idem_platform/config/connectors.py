@@ -16,11 +16,11 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import (
     Field,
     ModelWrapValidatorHandler,
-    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from idem_platform.config.common import CONTRACT_HELP, NAME, ConfigModel, SchemaContract
 from idem_platform.migrations import MigrationSource
@@ -102,10 +102,29 @@ class ConnectorBase(ConfigModel):
         description="The record field that states the record's own schema_version (a system field: "
         "never a column, never in props).",
     )
-    # Record type -> the schema_contract its ``tables:`` entry sets (IdemConfig fills it in).
-    _table_contracts: dict[str, SchemaContract] = PrivateAttr(default_factory=dict)
-    # The config's migrations, for the executors that upgrade old records (IdemConfig fills it in).
-    _migrations: MigrationSource = PrivateAttr(default_factory=MigrationSource)
+    # Set by IdemConfig from the rest of the file, never read from it (see _set_by_config).
+    table_contracts: dict[str, SchemaContract] = Field(
+        default_factory=dict,
+        exclude=True,
+        repr=False,
+        description="Record type -> the schema_contract its tables: entry sets, for the record types "
+        "this connector writes that set one.",
+    )
+    migrations: MigrationSource = Field(
+        default_factory=MigrationSource,
+        exclude=True,
+        repr=False,
+        description="The config's migration modules and current versions: what the executors that "
+        "coerce this connector's records import to upgrade a record older than its table.",
+    )
+
+    @field_validator("table_contracts", "migrations", mode="before")
+    @classmethod
+    def _set_by_config(cls, value: Any) -> Any:
+        """Refuse these as keys of ``idem.yaml`` (they are the file's ``tables:`` and
+        ``migrations:`` as one connector sees them): :class:`IdemConfig` sets them on the
+        connectors it validated, by copy, which does not come through here."""
+        raise PydanticCustomError("extra_forbidden", "Extra inputs are not permitted")
 
     @field_validator("schema_evolve")
     @classmethod
@@ -163,19 +182,13 @@ class ConnectorBase(ConfigModel):
     def contract_for(self, record_type: str) -> SchemaContract:
         """The schema contract of one record type this connector writes: the type's own
         ``schema_contract`` (in ``tables:``) wins over the connector's."""
-        return self._table_contracts.get(record_type, self.contract)
+        return self.table_contracts.get(record_type, self.contract)
 
     @property
     def evolve(self) -> bool:
         """Whether unknown fields may widen a table this connector writes (its contract, or
         one of its record types' own, is ``evolve``)."""
-        return self.contract == "evolve" or "evolve" in self._table_contracts.values()
-
-    @property
-    def migrations(self) -> MigrationSource:
-        """The config's migration modules and current versions (what executors import to upgrade
-        a record older than its table)."""
-        return self._migrations
+        return self.contract == "evolve" or "evolve" in self.table_contracts.values()
 
     @property
     def key_prefix(self) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from idem_platform.config.common import ConfigModel
+from idem_platform.config.common import ConfigModel, SchemaContract
 from idem_platform.config.connectors import ConnectorConfig
 from idem_platform.config.spark import SPARK_MASTER_ENV, SPARK_SERVER_ENV, SparkConfig
 from idem_platform.config.tables import TableConfig
@@ -29,9 +29,13 @@ from idem_platform.migrations import Chains, MigrationChainError, MigrationSourc
 class IdemConfig(ConfigModel):
     """The whole ``idem.yaml``."""
 
-    connectors: list[ConnectorConfig] = Field(default_factory=list)
+    # Validated in this order: the connectors last, as they are given what they need of the others.
     tables: dict[str, TableConfig] = Field(default_factory=dict)
     migrations: list[str] = Field(default_factory=list)
+    implicit_tables: tuple[str, ...] = Field(
+        (), exclude=True, description="Tables no `tables:` entry declared (an otlp connector's log type)."
+    )
+    connectors: list[ConnectorConfig] = Field(default_factory=list)
     assets: list[str] = Field(
         default_factory=list,
         description=(
@@ -42,9 +46,6 @@ class IdemConfig(ConfigModel):
     )
     spark: SparkConfig = Field(default_factory=SparkConfig)
     source: Path | None = Field(None, exclude=True, description="The file this was read from.")
-    implicit_tables: tuple[str, ...] = Field(
-        (), exclude=True, description="Tables no `tables:` entry declared (an otlp connector's log type)."
-    )
 
     @model_validator(mode="before")
     @classmethod
@@ -133,23 +134,30 @@ class IdemConfig(ConfigModel):
                     "field, never a column): rename the column or set another schema_version_field"
                 )
 
-    @model_validator(mode="after")
-    def _share_migrations(self, info: ValidationInfo) -> IdemConfig:
-        """Hand each connector the config's migrations (:attr:`ConnectorConfig.migrations`): the
-        executors that coerce its records import them to upgrade old ones. The config file's
-        directory comes from the validation context (:func:`parse_config` passes it)."""
-        source = (info.context or {}).get("source") if isinstance(info.context, dict) else None
-        shared = self._migration_source(Path(source) if source is not None else None)
-        for connector in self.connectors:
-            connector._migrations = shared
-        return self
+    @field_validator("connectors")
+    @classmethod
+    def _share(cls, connectors: list[ConnectorConfig], info: ValidationInfo) -> list[ConnectorConfig]:
+        """Give each connector what it needs of the rest of the file, as fields of its own:
+        the config's migrations (``migrations``: the executors that coerce its records import
+        them to upgrade old ones) and the ``schema_contract`` of the record types it writes
+        that set their own (``table_contracts``, :meth:`ConnectorBase.contract_for`).
 
-    def _migration_source(self, source: Path | None) -> MigrationSource:
-        return MigrationSource(
-            modules=tuple(self.migrations),
-            base_dir=str(source.parent) if source is not None else None,
-            current=tuple(sorted((name, table.schema_version) for name, table in self.tables.items())),
-        )
+        Executors get a connector, not the whole config. ``tables:`` and ``migrations:``
+        are validated before ``connectors:`` (field order); when either failed, its errors
+        are reported and nothing is shared. The config file's directory comes from the
+        validation context (:func:`~idem_platform.config.loader.parse_config` passes it)."""
+        if "tables" not in info.data or "migrations" not in info.data:
+            return connectors
+        tables: dict[str, TableConfig] = info.data["tables"]
+        implicit: tuple[str, ...] = info.data.get("implicit_tables", ())
+        source = info.context.get("source") if isinstance(info.context, dict) else None
+        shared = _migration_source(tables, info.data["migrations"], Path(source) if source is not None else None)
+        return [
+            connector.model_copy(
+                update={"migrations": shared, "table_contracts": _own_contracts(connector, tables, implicit)}
+            )
+            for connector in connectors
+        ]
 
     def chains(self) -> Chains:
         """Import the ``migrations:`` modules (the config file's directory on ``sys.path``) and
@@ -168,28 +176,11 @@ class IdemConfig(ConfigModel):
         where = _str(self.source)
         try:
             load_modules(self.migrations, self.source.parent if self.source is not None else None)
-            return check_chains(dict(self._migration_source(self.source).current), self.migrations)
+            return check_chains(dict(_migration_source(self.tables, self.migrations, self.source).current), self.migrations)
         except MigrationChainError as exc:
             raise MigrationChainError(" ".join(str(exc).split("\n  ")), path=where, key="migrations") from None
         except ConfigError as exc:
             raise ConfigError(str(exc), path=where, key="migrations") from exc
-
-    @model_validator(mode="after")
-    def _contracts(self) -> IdemConfig:
-        """Hand each connector the ``schema_contract`` of the record types it writes that set
-        their own (:meth:`ConnectorConfig.contract_for`)."""
-        for connector in self.connectors:
-            names = (
-                [connector.record_type]
-                if connector.record_type is not None
-                else [name for name in self.tables if name not in self.implicit_tables]
-            )
-            connector._table_contracts = {
-                name: contract
-                for name in names
-                if name in self.tables and (contract := self.tables[name].schema_contract) is not None
-            }
-        return self
 
     @cached_property
     def table_specs(self) -> dict[str, TableSpec]:
@@ -251,6 +242,33 @@ class IdemConfig(ConfigModel):
         if value not in ("auto", "off"):
             raise ConfigError(f"{SPARK_SERVER_ENV}={value!r}: expected 'auto' or 'off'")
         return value
+
+
+def _migration_source(tables: dict[str, TableConfig], modules: list[str], source: Path | None) -> MigrationSource:
+    """The config's migrations as an executor rebuilds them: modules, the config file's
+    directory (where they may live) and every table's current version."""
+    return MigrationSource(
+        modules=tuple(modules),
+        base_dir=str(source.parent) if source is not None else None,
+        current=tuple(sorted((name, table.schema_version) for name, table in tables.items())),
+    )
+
+
+def _own_contracts(
+    connector: ConnectorConfig, tables: dict[str, TableConfig], implicit: tuple[str, ...]
+) -> dict[str, SchemaContract]:
+    """The ``schema_contract`` of each record type ``connector`` writes (its fixed type, or
+    every declared one when routed) whose ``tables:`` entry sets one."""
+    names = (
+        [connector.record_type]
+        if connector.record_type is not None
+        else [name for name in tables if name not in implicit]
+    )
+    return {
+        name: contract
+        for name in names
+        if name in tables and (contract := tables[name].schema_contract) is not None
+    }
 
 
 def _str(path: Path | None) -> str | None:
