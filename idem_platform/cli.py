@@ -28,9 +28,6 @@ from typing import Any
 import psycopg
 
 from idem_platform.config import (
-    CONFIG_ENV,
-    SPARK_MASTER_ENV,
-    SPARK_REMOTE_ENV,
     FileConnectorBase,
     IdemConfig,
     KafkaConnector,
@@ -41,7 +38,15 @@ from idem_platform.errors import IdemError
 from idem_platform.postgres.embedded import resolve_postgres_url
 from idem_platform.private_files import private_dir, write_private_text
 from idem_platform.redact import masked, remember_url, scrub
-from idem_platform.settings import POSTGRES_URL_ENV, idem_home
+from idem_platform.settings import (
+    CONFIG_ENV,
+    POSTGRES_URL_ENV,
+    SPARK_REMOTE_ENV,
+    config_path_from_environment,
+    idem_home,
+    spark_master_from_environment,
+    spark_remote_from_environment,
+)
 
 SUMMARY_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "files", "seconds")
 
@@ -146,7 +151,7 @@ def ingest_connector(
     spark_used: str | None = None
     if not batch.fully_replayed:
         use_spark_server(config)
-        remote = os.environ.get(SPARK_REMOTE_ENV) or config.spark.conf.get("spark.remote")
+        remote = spark_remote_from_environment() or config.spark.conf.get("spark.remote")
         spark_used = remote.split(";")[0] if remote else config.spark_master()  # no session id in the summary
         # Something to commit: start Spark now, in the background, while Dagster
         # sets the run up (the hashes computed here are reused by the run).
@@ -757,8 +762,8 @@ def cmd_spark(args: argparse.Namespace) -> dict[str, Any] | None:
         if state is None:
             return {"running": False, "dir": str(directory)}
         return {"running": state.alive, **asdict_of(state)}
-    master = args.master or os.environ.get(SPARK_MASTER_ENV) or "local[*]"
-    if args.config or os.environ.get(CONFIG_ENV) or Path("idem.yaml").exists():
+    master = args.master or spark_master_from_environment() or "local[*]"
+    if args.config or config_path_from_environment() or Path("idem.yaml").exists():
         config = load_config(args.config)
         master = args.master or config.spark_master()
         conf = server_conf(config)
@@ -782,7 +787,7 @@ def cmd_dev(args: argparse.Namespace) -> dict[str, Any] | None:
     config = load_config(args.config)  # fail here, with a clear line, rather than in the UI
     if config.source is not None:
         os.environ[CONFIG_ENV] = str(config.source)  # absolute: dagster dev runs from DAGSTER_HOME
-    if not args.no_spark_server and not os.environ.get(SPARK_REMOTE_ENV) and "spark.remote" not in config.spark.conf:
+    if not args.no_spark_server and not spark_remote_from_environment() and "spark.remote" not in config.spark.conf:
         # Every run the sensors launch is a new process: with a Spark Connect server
         # they connect to a warm JVM and warm Python workers instead of starting both.
         from idem_platform.spark import connect_server
@@ -1066,7 +1071,7 @@ def _fail(line: str, trace: str | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     remember_url(os.environ.get(POSTGRES_URL_ENV))  # no message below may show its password
-    remember_url(os.environ.get(SPARK_REMOTE_ENV))  # nor a Spark Connect server's token
+    remember_url(spark_remote_from_environment())  # nor a Spark Connect server's token
     args = parser().parse_args(argv)
     verbose = bool(getattr(args, "verbose", False))
     try:

@@ -11,6 +11,10 @@ from pathlib import Path
 
 HOME_ENV = "IDEM_HOME"
 POSTGRES_URL_ENV = "IDEM_POSTGRES_URL"
+CONFIG_ENV = "IDEM_CONFIG"
+SPARK_MASTER_ENV = "IDEM_SPARK_MASTER"
+SPARK_SERVER_ENV = "IDEM_SPARK_SERVER"  # auto | off: overrides idem.yaml's spark.server
+SPARK_REMOTE_ENV = "IDEM_SPARK_REMOTE"  # sc://host:port of a Spark Connect server (idem spark start)
 
 
 def idem_home() -> Path:
@@ -21,3 +25,24 @@ def idem_home() -> Path:
 def postgres_url_from_environment() -> str | None:
     """``$IDEM_POSTGRES_URL``, when it is set and not blank."""
     return os.environ.get(POSTGRES_URL_ENV) or None
+
+
+def config_path_from_environment() -> str | None:
+    """``$IDEM_CONFIG``: the ``idem.yaml`` to load when no ``--config`` names one."""
+    return os.environ.get(CONFIG_ENV) or None
+
+
+def spark_master_from_environment() -> str | None:
+    """``$IDEM_SPARK_MASTER``: the Spark master, over ``spark.master`` in ``idem.yaml``."""
+    return os.environ.get(SPARK_MASTER_ENV) or None
+
+
+def spark_server_from_environment() -> str | None:
+    """``$IDEM_SPARK_SERVER`` lower-cased (``auto`` or ``off`` when valid, which the config
+    checks): whether runs use the long-lived Spark Connect server, over ``spark.server``."""
+    return os.environ.get(SPARK_SERVER_ENV, "").strip().lower() or None
+
+
+def spark_remote_from_environment() -> str | None:
+    """``$IDEM_SPARK_REMOTE``: the Spark Connect server (``sc://host:port/;token=...``) to use."""
+    return os.environ.get(SPARK_REMOTE_ENV) or None

@@ -199,3 +199,28 @@ def test_a_connector_carries_what_it_needs_of_tables_and_migrations(tmp_path: Pa
     for key in ("table_contracts: {thing: drop}", "migrations: [x]"):
         with pytest.raises(ConfigError, match=rf"connectors\[0\]\.{key.split(':')[0]} \(line 2\): Extra inputs"):
             parse_config(text.replace("record_type_field: t}", f"record_type_field: t, {key}}}"))
+
+
+def test_idems_own_variables_are_read_through_settings_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IDEM_CONFIG, IDEM_SPARK_MASTER, IDEM_SPARK_SERVER and IDEM_SPARK_REMOTE are read by
+    idem_platform.settings at each call (a test's setenv is seen; blank is unset), and the
+    config answers through it."""
+    from idem_platform import settings
+
+    path = tmp_path / "idem.yaml"
+    path.write_text(BASE)
+    config = parse_config(BASE, path)
+    for name in ("IDEM_CONFIG", "IDEM_SPARK_MASTER", "IDEM_SPARK_SERVER", "IDEM_SPARK_REMOTE"):
+        monkeypatch.setenv(name, "")
+    assert settings.config_path_from_environment() is None and settings.spark_remote_from_environment() is None
+    assert config.spark_master() == "local[*]" and config.spark_server() == "auto"
+    monkeypatch.setenv("IDEM_CONFIG", str(path))
+    monkeypatch.setenv("IDEM_SPARK_SERVER", " OFF ")
+    monkeypatch.setenv("IDEM_SPARK_REMOTE", "sc://127.0.0.1:15002")
+    assert load_config().source == path and config.spark_server() == "off"
+    assert settings.spark_remote_from_environment() == "sc://127.0.0.1:15002"
+    monkeypatch.setenv("IDEM_SPARK_SERVER", "sometimes")
+    with pytest.raises(ConfigError, match="IDEM_SPARK_SERVER='sometimes': expected 'auto' or 'off'"):
+        config.spark_server()

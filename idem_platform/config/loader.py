@@ -16,8 +16,8 @@ from idem_platform.config.connectors import KINDS, KafkaConnector
 from idem_platform.config.model import IdemConfig
 from idem_platform.errors import ConfigError
 from idem_platform.redact import remember_settings
+from idem_platform.settings import CONFIG_ENV, config_path_from_environment
 
-CONFIG_ENV = "IDEM_CONFIG"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -149,7 +149,7 @@ def load_config(path: str | Path | None = None) -> IdemConfig:
     Raises:
         ConfigError: the file is missing or invalid.
     """
-    chosen = path or os.environ.get(CONFIG_ENV) or "idem.yaml"
+    chosen = path or config_path_from_environment() or "idem.yaml"
     resolved = Path(chosen).expanduser().resolve()
     if not resolved.is_file():
         raise ConfigError(

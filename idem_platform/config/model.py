@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from idem_platform.config.common import ConfigModel, SchemaContract
 from idem_platform.config.connectors import ConnectorConfig
-from idem_platform.config.spark import SPARK_MASTER_ENV, SPARK_SERVER_ENV, SparkConfig
+from idem_platform.config.spark import SparkConfig
 from idem_platform.config.tables import TableConfig
 from idem_platform.contract.catalog import (
     MAX_IDENTIFIER_BYTES,
@@ -24,6 +23,11 @@ from idem_platform.contract.keys import NAME_PATTERN
 from idem_platform.contract.otlp_logs import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
 from idem_platform.errors import ConfigError
 from idem_platform.migrations import Chains, MigrationChainError, MigrationSource
+from idem_platform.settings import (
+    SPARK_SERVER_ENV,
+    spark_master_from_environment,
+    spark_server_from_environment,
+)
 
 
 class IdemConfig(ConfigModel):
@@ -230,7 +234,7 @@ class IdemConfig(ConfigModel):
 
     def spark_master(self) -> str:
         """``IDEM_SPARK_MASTER``, else ``spark.master``, else ``local[*]``."""
-        return os.environ.get(SPARK_MASTER_ENV) or self.spark.master or "local[*]"
+        return spark_master_from_environment() or self.spark.master or "local[*]"
 
     def spark_server(self) -> str:
         """``IDEM_SPARK_SERVER`` (``auto``/``off``), else ``spark.server``.
@@ -238,7 +242,7 @@ class IdemConfig(ConfigModel):
         Raises:
             ConfigError: the variable holds anything else.
         """
-        value = os.environ.get(SPARK_SERVER_ENV, "").strip().lower() or self.spark.server
+        value = spark_server_from_environment() or self.spark.server
         if value not in ("auto", "off"):
             raise ConfigError(f"{SPARK_SERVER_ENV}={value!r}: expected 'auto' or 'off'")
         return value

@@ -8,10 +8,6 @@ from pydantic import Field, field_validator
 
 from idem_platform.config.common import ConfigModel
 
-SPARK_MASTER_ENV = "IDEM_SPARK_MASTER"
-SPARK_SERVER_ENV = "IDEM_SPARK_SERVER"  # auto | off: overrides spark.server
-SPARK_REMOTE_ENV = "IDEM_SPARK_REMOTE"  # sc://host:port of a Spark Connect server (idem spark start)
-
 
 class SparkConfig(ConfigModel):
     """How to reach Spark; ``IDEM_SPARK_MASTER`` overrides ``master``."""
