@@ -67,14 +67,14 @@ from benchmarks.harness import (  # noqa: E402
     server_facts,
 )
 from benchmarks.small_bench import drop_database  # noqa: E402
-from idem_platform.config import ConnectorConfig  # noqa: E402
+from idem_platform.config import FileDropConnector  # noqa: E402
 from idem_platform.contract.keys import file_key_from_digest  # noqa: E402
 from idem_platform.samples import threatfeed_lines  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MANY, ONE = "threatfeed", "onefile"  # the connectors: the N files and the single file / the one-file baseline
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}  # Dagster's terminal run statuses
-DEFAULT_INTERVAL = int(ConnectorConfig.model_fields["sensor_interval_seconds"].default)  # when --interval is not given
+DEFAULT_INTERVAL = int(FileDropConnector.model_fields["sensor_interval_seconds"].default)  # when --interval is not given
 
 
 class BenchFailure(RuntimeError):

@@ -22,7 +22,8 @@ import signal
 import time
 from pathlib import Path
 
-FAULT_ENV = "IDEM_FAULT"
+from idem_platform.settings import fault_from_environment
+
 POINTS = (
     # *_promote: around the applying transaction's COMMIT (the names are older than the
     # word "apply"; kept, being what IDEM_FAULT is set to)
@@ -37,7 +38,7 @@ class InjectedFault(RuntimeError):
 
 def checkpoint(point: str, **context: object) -> None:
     """Fire the armed fault if it is armed for ``point`` (and its filters match ``context``)."""
-    spec = os.environ.get(FAULT_ENV)
+    spec = fault_from_environment()
     if not spec:
         return
     name, _, rest = spec.partition(":")

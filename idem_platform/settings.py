@@ -11,6 +11,10 @@ from pathlib import Path
 
 HOME_ENV = "IDEM_HOME"
 POSTGRES_URL_ENV = "IDEM_POSTGRES_URL"
+CONFIG_ENV = "IDEM_CONFIG"
+SPARK_MASTER_ENV = "IDEM_SPARK_MASTER"
+SPARK_SERVER_ENV = "IDEM_SPARK_SERVER"  # auto | off: overrides idem.yaml's spark.server
+SPARK_REMOTE_ENV = "IDEM_SPARK_REMOTE"  # sc://host:port of a Spark Connect server (idem spark start)
 
 
 def idem_home() -> Path:
@@ -21,3 +25,44 @@ def idem_home() -> Path:
 def postgres_url_from_environment() -> str | None:
     """``$IDEM_POSTGRES_URL``, when it is set and not blank."""
     return os.environ.get(POSTGRES_URL_ENV) or None
+
+
+def config_path_from_environment() -> str | None:
+    """``$IDEM_CONFIG``: the ``idem.yaml`` to load when no ``--config`` names one."""
+    return os.environ.get(CONFIG_ENV) or None
+
+
+def spark_master_from_environment() -> str | None:
+    """``$IDEM_SPARK_MASTER``: the Spark master, over ``spark.master`` in ``idem.yaml``."""
+    return os.environ.get(SPARK_MASTER_ENV) or None
+
+
+def spark_server_from_environment() -> str | None:
+    """``$IDEM_SPARK_SERVER`` lower-cased (``auto`` or ``off`` when valid, which the config
+    checks): whether runs use the long-lived Spark Connect server, over ``spark.server``."""
+    return os.environ.get(SPARK_SERVER_ENV, "").strip().lower() or None
+
+
+def spark_remote_from_environment() -> str | None:
+    """``$IDEM_SPARK_REMOTE``: the Spark Connect server (``sc://host:port/;token=...``) to use."""
+    return os.environ.get(SPARK_REMOTE_ENV) or None
+
+
+NATIVE_ENV = "IDEM_NATIVE"  # 0: the per-record Python path even where the C path is built
+FAULT_ENV = "IDEM_FAULT"  # tests only: a crash point to fire (see idem_platform.faults)
+HTTP_TOKEN_ENV = "IDEM_HTTP_TOKEN"  # idem serve: the bearer token every request needs
+
+
+def native_allowed() -> bool:
+    """Whether ``$IDEM_NATIVE`` allows the C path (anything but ``0``)."""
+    return os.environ.get(NATIVE_ENV, "1") != "0"
+
+
+def fault_from_environment() -> str | None:
+    """``$IDEM_FAULT``: the armed crash point, ``name[:filters]`` (tests of the crash paths)."""
+    return os.environ.get(FAULT_ENV) or None
+
+
+def http_token_from_environment() -> str | None:
+    """``$IDEM_HTTP_TOKEN`` trimmed; blank means none."""
+    return (os.environ.get(HTTP_TOKEN_ENV) or "").strip() or None

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from idem_platform.config import load_config, parse_config
+from idem_platform.config import (
+    FileDropConnector,
+    HttpConnector,
+    KafkaConnector,
+    OtlpConnector,
+    load_config,
+    parse_config,
+)
 from idem_platform.errors import ConfigError
 from idem_platform_tests.helpers.paths import EXAMPLE_CONFIG
 
@@ -122,3 +129,98 @@ def test_spark_master_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_config(BASE).spark_master() in ("local[3]",)
     monkeypatch.delenv("IDEM_SPARK_MASTER")
     assert parse_config(BASE).spark_master() == "local[*]"
+
+
+KAFKA = """
+connectors:
+  - name: events
+    kind: kafka
+    bootstrap_servers: 127.0.0.1:9092
+    topics: [t]
+    record_type: thing
+tables:
+  thing: {columns: {name: string}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # a key of the three file kinds on a kafka connector is refused by name, not ignored
+        (("    topics: [t]", "    topics: [t]\n    path: drop"),
+         "connectors[0] (line 3): path: only for kind: filedrop, http and otlp connectors"),
+        (("    topics: [t]", "    topics: [t]\n    max_files_per_run: 3"),
+         "connectors[0] (line 3): max_files_per_run: only for kind: filedrop, http and otlp connectors"),
+        # only the chosen kind's errors, keyed as in the file (no model name or tag in the key)
+        (("    topics: [t]", "    topics: [t]\n    split_records: 5"),
+         "connectors[0].split_records (line 7): Input should be greater than or equal to 1000"),
+        (("    kind: kafka\n", ""), "connectors[0].kind (line 3): Field required"),
+        (("    kind: kafka", "    kind: [kafka]"),
+         "connectors[0].kind (line 4): Input should be 'filedrop', 'kafka', 'http' or 'otlp'"),
+    ],
+)
+def test_each_kind_takes_only_its_own_keys(edit: tuple[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(KAFKA.replace(*edit))
+    assert str(caught.value) == f"idem.yaml: {message}"
+
+
+def test_each_kind_parses_to_its_own_model() -> None:
+    others = (
+        "  - {name: f, kind: filedrop, path: d, record_type: thing}\n"
+        "  - {name: h, kind: http, path: h, record_type: thing}\n"
+        "  - {name: o, kind: otlp, path: o}\n"
+    )
+    config = parse_config(KAFKA.replace("tables:", others + "tables:"))
+    kafka, filedrop, http, otlp = config.connectors
+    assert isinstance(kafka, KafkaConnector) and kafka.group == "idem-events" and kafka.meta_column == "_kafka"
+    assert isinstance(filedrop, FileDropConnector) and filedrop.sensor_interval == 15 and filedrop.lands_files
+    assert isinstance(http, HttpConnector) and http.sensor_interval == 5 and http.max_body_bytes == 64 << 20
+    assert isinstance(otlp, OtlpConnector) and otlp.record_type == "log" and otlp.missing_id == "content"
+    assert not kafka.lands_files and kafka.contract == "drop" and filedrop.contract == "evolve"
+
+
+def test_a_connector_carries_what_it_needs_of_tables_and_migrations(tmp_path: Path) -> None:
+    """Executors get one connector, not the config: its record types' own schema_contract and
+    the config's migrations are fields of it (set by the config, kept by copies, never keys of
+    the file)."""
+    text = (
+        "connectors:\n  - {name: f, kind: filedrop, path: d, record_type_field: t}\n"
+        "tables:\n  thing: {schema_contract: strict, schema_version: 2}\n  other: {}\n"
+        "migrations: [my_migrations]\n"
+    )
+    connector = parse_config(text, tmp_path / "idem.yaml").connector("f")
+    assert connector.table_contracts == {"thing": "strict"}
+    assert connector.migrations.modules == ("my_migrations",) and connector.migrations.base_dir == str(tmp_path)
+    assert connector.migrations.current == (("other", 1), ("thing", 2))
+    copied = connector.model_copy(update={"max_reject_ratio": 0.5})
+    assert copied.contract_for("thing") == "strict" and copied.migrations == connector.migrations
+    assert "table_contracts" not in connector.model_dump() and "migrations" not in connector.model_dump()
+    for key in ("table_contracts: {thing: drop}", "migrations: [x]"):
+        with pytest.raises(ConfigError, match=rf"connectors\[0\]\.{key.split(':')[0]} \(line 2\): Extra inputs"):
+            parse_config(text.replace("record_type_field: t}", f"record_type_field: t, {key}}}"))
+
+
+def test_idems_own_variables_are_read_through_settings_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IDEM_CONFIG, IDEM_SPARK_MASTER, IDEM_SPARK_SERVER and IDEM_SPARK_REMOTE are read by
+    idem_platform.settings at each call (a test's setenv is seen; blank is unset), and the
+    config answers through it."""
+    from idem_platform import settings
+
+    path = tmp_path / "idem.yaml"
+    path.write_text(BASE)
+    config = parse_config(BASE, path)
+    for name in ("IDEM_CONFIG", "IDEM_SPARK_MASTER", "IDEM_SPARK_SERVER", "IDEM_SPARK_REMOTE"):
+        monkeypatch.setenv(name, "")
+    assert settings.config_path_from_environment() is None and settings.spark_remote_from_environment() is None
+    assert config.spark_master() == "local[*]" and config.spark_server() == "auto"
+    monkeypatch.setenv("IDEM_CONFIG", str(path))
+    monkeypatch.setenv("IDEM_SPARK_SERVER", " OFF ")
+    monkeypatch.setenv("IDEM_SPARK_REMOTE", "sc://127.0.0.1:15002")
+    assert load_config().source == path and config.spark_server() == "off"
+    assert settings.spark_remote_from_environment() == "sc://127.0.0.1:15002"
+    monkeypatch.setenv("IDEM_SPARK_SERVER", "sometimes")
+    with pytest.raises(ConfigError, match="IDEM_SPARK_SERVER='sometimes': expected 'auto' or 'off'"):
+        config.spark_server()

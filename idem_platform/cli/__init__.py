@@ -14,7 +14,6 @@ by the commands that run them, so ``idem --help`` stays fast.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -45,10 +44,9 @@ from idem_platform.cli.output import (
     unexpected,
     worth_tracing,
 )
-from idem_platform.config import SPARK_REMOTE_ENV
 from idem_platform.errors import IdemError
 from idem_platform.redact import remember_url
-from idem_platform.settings import POSTGRES_URL_ENV
+from idem_platform.settings import postgres_url_from_environment, spark_remote_from_environment
 
 
 class RootGroup(IdemGroup):
@@ -78,8 +76,8 @@ for _command in (
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``idem`` with ``argv`` (default: the process's arguments); return the exit status."""
-    remember_url(os.environ.get(POSTGRES_URL_ENV))  # no message below may show its password
-    remember_url(os.environ.get(SPARK_REMOTE_ENV))  # nor a Spark Connect server's token
+    remember_url(postgres_url_from_environment())  # no message below may show its password
+    remember_url(spark_remote_from_environment())  # nor a Spark Connect server's token
     invocation = Invocation()
     try:
         output = _invoke(argv, invocation)

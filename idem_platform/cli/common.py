@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from idem_platform.cli.output import CommandError
-from idem_platform.config import IdemConfig
+from idem_platform.config import FileConnectorBase, IdemConfig
 from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.embedded import resolve_postgres_url
 from idem_platform.postgres.schema import SCHEMA
@@ -79,7 +79,7 @@ def choose_connector(config: IdemConfig, given: str | None, files: Sequence[str]
         paths = [Path(f).resolve() for f in files]
         holders = [
             c for c in config.connectors
-            if c.lands_files and c.path is not None and all(p.is_relative_to(c.path.resolve()) for p in paths)
+            if isinstance(c, FileConnectorBase) and c.path is not None and all(p.is_relative_to(c.path.resolve()) for p in paths)
         ]
         if len(holders) == 1:
             return holders[0].name

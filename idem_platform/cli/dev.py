@@ -29,8 +29,9 @@ from idem_platform.cli.common import prepare_environment
 from idem_platform.cli.options import IdemCommand, invocation
 from idem_platform.cli.output import CommandError
 from idem_platform.cli.spark import server_dir
-from idem_platform.config import CONFIG_ENV, SPARK_REMOTE_ENV, IdemConfig, load_config
+from idem_platform.config import IdemConfig, load_config
 from idem_platform.redact import masked
+from idem_platform.settings import CONFIG_ENV, SPARK_REMOTE_ENV, spark_remote_from_environment
 from idem_platform.spark import connect_server
 
 DEFAULT_WORKSPACE = "workspace.yaml"
@@ -70,7 +71,7 @@ def dev(workspace: str | None, host: str, port: int, no_spark_server: bool) -> d
     config = load_config(invocation().config)  # fail here, with a clear line, rather than in the UI
     if config.source is not None:
         os.environ[CONFIG_ENV] = str(config.source)  # absolute: dagster dev runs from DAGSTER_HOME
-    if no_spark_server or os.environ.get(SPARK_REMOTE_ENV) or "spark.remote" in config.spark.conf:
+    if no_spark_server or spark_remote_from_environment() or "spark.remote" in config.spark.conf:
         return dagster_dev(command, url)
     return with_spark_server(config, command, url)
 

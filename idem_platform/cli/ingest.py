@@ -20,7 +20,7 @@ from idem_platform.cli.common import choose_connector, prepare_environment, publ
 from idem_platform.cli.options import IdemCommand, invocation, json_option
 from idem_platform.cli.output import CommandError
 from idem_platform.cli.runs import ingest_connector
-from idem_platform.config import ConnectorConfig, IdemConfig, load_config
+from idem_platform.config import HttpConnector, IdemConfig, load_config
 from idem_platform.redact import masked
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.settings import POSTGRES_URL_ENV
@@ -78,14 +78,14 @@ def demo(records: int) -> dict[str, Any]:
         "runs": [public_summary(r, float(r.get("seconds", 0))) for r in runs],
         "postgres": masked(os.environ[POSTGRES_URL_ENV]),
     }
-    pusher = next((c for c in config.connectors if c.kind == "http"), None)
+    pusher = next((c for c in config.connectors if isinstance(c, HttpConnector)), None)
     if pusher is not None:
         summary["push"] = demo_push(config, pusher, [*lines[:2], *threatfeed_lines(2, seed=3, start=20 * records)])
         summary["seconds"] = round(time.monotonic() - started, 3)
     return summary
 
 
-def demo_push(config: IdemConfig, connector: ConnectorConfig, lines: list[str]) -> dict[str, Any]:
+def demo_push(config: IdemConfig, connector: HttpConnector, lines: list[str]) -> dict[str, Any]:
     """One push through ``idem serve``'s API and its replay, then the landed file's ingest.
 
     The server runs in this process on a free loopback port; the requests are real HTTP.

@@ -10,7 +10,7 @@ import click
 from idem_platform.cli.common import prepare_environment
 from idem_platform.cli.options import IdemCommand, invocation, json_option
 from idem_platform.cli.output import CommandError, terminal
-from idem_platform.config import ConnectorConfig, IdemConfig, load_config
+from idem_platform.config import IdemConfig, KafkaConnector, load_config
 from idem_platform.errors import KafkaError
 from idem_platform.postgres import connect
 from idem_platform.sources.kafka.client import describe_partitions
@@ -34,14 +34,14 @@ def offsets(connector: str | None) -> dict[str, Any] | None:
     return None
 
 
-def kafka_connectors(config: IdemConfig, name: str | None) -> list[ConnectorConfig]:
+def kafka_connectors(config: IdemConfig, name: str | None) -> list[KafkaConnector]:
     """The connector named (it must be a Kafka one), else every Kafka connector of the config."""
     if name is not None:
         connector = config.connector(name)
-        if connector.kind != "kafka":
+        if not isinstance(connector, KafkaConnector):
             raise CommandError(f"connector {name!r} is a {connector.kind} connector; it has no offsets")
         return [connector]
-    found = [c for c in config.connectors if c.kind == "kafka"]
+    found = [c for c in config.connectors if isinstance(c, KafkaConnector)]
     if not found:
         raise CommandError("no kafka connector in the config")
     return found

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from idem_platform.cli.output import CommandError
-from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.config import ConnectorConfig, IdemConfig, KafkaConnector
 from idem_platform.pipeline.ingest import check_cluster_reach, plan_batch
 from idem_platform.postgres.embedded import resolve_postgres_url
 from idem_platform.sources.filedrop import hash_file
@@ -45,7 +45,7 @@ def ingest_connector(
         from idem_platform.spark.reuse import start_spark
     batch = plan_batch(url, connector, paths)
     partition: str | None = None
-    if connector.kind == "kafka":
+    if isinstance(connector, KafkaConnector):
         ranges = [
             {"topic": u.source["topic"], "partition": u.source["partition"], "start": u.source["start"], "end": u.source["end"]}
             for u in batch.units

@@ -7,7 +7,6 @@ start per run).
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,13 @@ from typing import Any
 import click
 
 from idem_platform.cli.options import IdemGroup, invocation
-from idem_platform.config import CONFIG_ENV, SPARK_MASTER_ENV, SPARK_REMOTE_ENV, load_config
-from idem_platform.settings import idem_home
+from idem_platform.config import load_config
+from idem_platform.settings import (
+    SPARK_REMOTE_ENV,
+    config_path_from_environment,
+    idem_home,
+    spark_master_from_environment,
+)
 from idem_platform.spark import connect_server
 
 _dir = click.option("--dir", "directory", help="its state directory (default: .idem/spark, or $IDEM_HOME/spark)")
@@ -41,9 +45,9 @@ def start(directory: str | None, master: str | None, port: int | None) -> dict[s
     from idem_platform.spark.reuse import server_conf
 
     config_path = invocation().config
-    chosen = master or os.environ.get(SPARK_MASTER_ENV) or "local[*]"
+    chosen = master or spark_master_from_environment() or "local[*]"
     conf: dict[str, str] = {}
-    if config_path or os.environ.get(CONFIG_ENV) or Path("idem.yaml").exists():
+    if config_path or config_path_from_environment() or Path("idem.yaml").exists():
         config = load_config(config_path)
         chosen = master or config.spark_master()
         conf = server_conf(config)

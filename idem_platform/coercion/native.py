@@ -27,10 +27,11 @@ the same bytes, which ``idem_platform_tests/test_direct_rows.py`` checks in Post
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from itertools import repeat
 from typing import Any
+
+from idem_platform.settings import native_allowed
 
 _CoerceLines = Callable[[list[Any], int, tuple[Any, ...]], int]
 _CanonicalLine = Callable[[bytes, frozenset[str]], tuple[dict[str, Any], bytes, str] | None]
@@ -57,7 +58,7 @@ AVAILABLE = _coerce_lines is not None
 
 def enabled() -> bool:
     """Whether batches take the C path (built, and not turned off by ``IDEM_NATIVE=0``)."""
-    return AVAILABLE and os.environ.get("IDEM_NATIVE", "1") != "0"
+    return AVAILABLE and native_allowed()
 
 
 def declined(raws: list[Any], plan: tuple[Any, ...]) -> Iterator[int]:

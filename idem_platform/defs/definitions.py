@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import assert_never
 
 import dagster as dg
 
-from idem_platform.config import IdemConfig
+from idem_platform.config import FileConnectorBase, IdemConfig, KafkaConnector
 from idem_platform.defs.filedrop.definitions import filedrop_definitions
 from idem_platform.defs.io_managers import SparkPlanIOManager, TableIOManager, WarehouseIOManager
 from idem_platform.defs.kafka.definitions import kafka_definitions
@@ -17,9 +18,8 @@ from idem_platform.defs.rejects import rejects_definitions
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.defs.retype import promote_column_job
 from idem_platform.defs.tables import TABLE_IO_MANAGER, table_asset_specs
-from idem_platform.errors import ConfigError
 from idem_platform.redact import remember_url, url_secrets
-from idem_platform.settings import POSTGRES_URL_ENV
+from idem_platform.settings import POSTGRES_URL_ENV, postgres_url_from_environment
 from idem_platform.spark.session import spark_config_for
 
 
@@ -41,7 +41,7 @@ def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dic
             :func:`_hidden_url`).
     """
     url: str | dg.EnvVar | None = postgres_url
-    if url is None and os.environ.get(POSTGRES_URL_ENV):
+    if url is None and postgres_url_from_environment():
         url = dg.EnvVar(POSTGRES_URL_ENV)
     elif url is not None and url_secrets(url):
         url = _hidden_url(url)
@@ -70,7 +70,7 @@ def _hidden_url(url: str) -> dg.EnvVar:
     two URLs in one process never overwrite each other.
     """
     name = f"{POSTGRES_URL_ENV}_{hashlib.sha256(url.encode()).hexdigest()[:12].upper()}"
-    if os.environ.get(POSTGRES_URL_ENV) == url:
+    if postgres_url_from_environment() == url:
         name = POSTGRES_URL_ENV
     os.environ[name] = url
     remember_url(url)
@@ -110,22 +110,17 @@ def build_definitions(
     never sets it, so a run launched from the UI reads only its drop directory.
 
     Raises:
-        ConfigError: a connector kind this version cannot run.
+        ConfigError: a ``migrations:`` module cannot be imported (:meth:`IdemConfig.chains`).
     """
     config.chains()  # a broken migration chain fails the code location's load, naming the type and the step
     parts = []
     for connector in config.connectors:
-        if connector.lands_files:  # filedrop, and http/otlp whose bodies idem serve lands as files
+        if isinstance(connector, FileConnectorBase):  # filedrop, and http/otlp whose bodies idem serve lands as files
             parts.append(filedrop_definitions(config, connector, files_outside_drop_dir=files_outside_drop_dir))
-        elif connector.kind == "kafka":
+        elif isinstance(connector, KafkaConnector):
             parts.append(kafka_definitions(config, connector))
-        else:
-            raise ConfigError(
-                f"connector {connector.name!r}: kind {connector.kind!r} is not available in this "
-                "version (only 'filedrop' and 'kafka')",
-                path=str(config.source) if config.source else None,
-                key="connectors",
-            )
+        else:  # every kind is one of the two: mypy holds ConnectorConfig to that
+            assert_never(connector)
         parts.append(rejects_definitions(config, connector))  # <connector>_retry_rejects
     # idem/<record_type>: one asset per table, downstream of the connectors that write it.
     parts.append(dg.Definitions(assets=table_asset_specs(config)))

@@ -16,7 +16,7 @@ from typing import Any
 
 import dagster as dg
 
-from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.config import ConnectorConfig, FileConnector, IdemConfig, KafkaConnector
 from idem_platform.defs.connector.names import asset_keys, job_name
 from idem_platform.defs.definitions import build_definitions
 from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
@@ -55,6 +55,7 @@ def run_ingest_job(
     instance = dg.DagsterInstance.get()
     pool_storage_connections(instance)  # before the run's first event
     if partition is not None:
+        assert not isinstance(connector, KafkaConnector), "a Kafka connector's runs have no partition"
         partitions = partitions_for(connector)
         if not instance.has_dynamic_partition(partitions.name or "", partition):
             instance.add_dynamic_partitions(partitions.name or "", [partition])
@@ -77,7 +78,7 @@ def run_ingest_job(
     raise RunFailed("the run succeeded but recorded no commit summary")
 
 
-def partition_for(connector: ConnectorConfig, paths: list[str]) -> str:
+def partition_for(connector: FileConnector, paths: list[str]) -> str:
     """The run's dynamic partition: the file's own, or one named by the batch's files."""
     if len(paths) == 1:
         return partition_key_for(connector, paths[0])

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-from idem_platform.config import SPARK_REMOTE_ENV, IdemConfig
+from idem_platform.config import IdemConfig
 from idem_platform.redact import remember_url
-from idem_platform.settings import idem_home
+from idem_platform.settings import SPARK_REMOTE_ENV, idem_home, spark_remote_from_environment
 from idem_platform.spark import connect_server
 from idem_platform.spark.session import remote_url, spark_config_for, warm_up
 
@@ -52,6 +52,6 @@ def start_spark(config: IdemConfig) -> str:
     sets the run up. Returns where it is, for the summary: the master, or the Connect
     server's ``sc://`` URL without its session id."""
     use_spark_server(config)
-    remote = os.environ.get(SPARK_REMOTE_ENV) or config.spark.conf.get("spark.remote")
+    remote = spark_remote_from_environment() or config.spark.conf.get("spark.remote")
     warm_up({k: str(v) for k, v in spark_config_for(config.spark_master(), dict(config.spark.conf)).items()})
     return remote.split(";")[0] if remote else config.spark_master()

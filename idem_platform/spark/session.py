@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from pyspark.sql import SparkSession
 
-from idem_platform.config import SPARK_REMOTE_ENV as REMOTE_ENV
+from idem_platform.settings import spark_remote_from_environment
 from idem_platform.spark.remote import bound_retries
 from idem_platform.spark.slots import is_remote, task_slots
 
@@ -84,7 +84,7 @@ REMOTE_SESSION_CONF = ("spark.sql.session.timeZone", "spark.sql.execution.arrow.
 
 def remote_url(conf: Mapping[str, str] | None = None) -> str | None:
     """The Spark Connect server to use: ``spark.remote`` of the settings, else ``IDEM_SPARK_REMOTE``."""
-    return (conf or {}).get("spark.remote") or os.environ.get(REMOTE_ENV) or None
+    return (conf or {}).get("spark.remote") or spark_remote_from_environment()
 
 
 def pin_python() -> None:

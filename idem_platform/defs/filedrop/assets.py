@@ -15,7 +15,7 @@ import dagster as dg
 from dagster import BetaWarning
 from pydantic import Field
 
-from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.config import FileConnector, IdemConfig
 from idem_platform.defs.connector.assets import (
     PLAN_IO_MANAGER,
     build_commit_assets,
@@ -47,7 +47,7 @@ class IngestConfig(dg.Config):
 
 
 def files_to_read(
-    connector: ConnectorConfig,
+    connector: FileConnector,
     entries: list[str],
     partition_keys: Sequence[str],
     shown: str,
@@ -105,7 +105,7 @@ def _refused(label: str, entry: str, shown: str, reason: str, text: str) -> dg.F
 
 def build_filedrop_assets(
     idem_config: IdemConfig,
-    connector: ConnectorConfig,
+    connector: FileConnector,
     partitions: dg.DynamicPartitionsDefinition,
     *,
     files_outside_drop_dir: bool = False,
@@ -122,7 +122,7 @@ def build_filedrop_assets(
 
 def _build_filedrop_assets(
     idem_config: IdemConfig,
-    connector: ConnectorConfig,
+    connector: FileConnector,
     partitions: dg.DynamicPartitionsDefinition,
     *,
     files_outside_drop_dir: bool,

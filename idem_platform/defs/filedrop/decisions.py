@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from idem_platform.config import ConnectorConfig
+from idem_platform.config import FileConnector
 from idem_platform.contract.keys import file_key_from_digest
 from idem_platform.defs.filedrop.partitions import partition_key_for
 from idem_platform.ledger import LedgerEntry, next_attempt
@@ -180,7 +180,7 @@ class Choice:
 
 def choose(
     directory: Path,
-    connector: ConnectorConfig,
+    connector: FileConnector,
     ready: Mapping[str, str],
     sizes: Mapping[str, int],
     ledger: tuple[dict[str, LedgerEntry], set[str], set[str]],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.config import FileConnector, IdemConfig
 from idem_platform.defs.connector.checks import build_checks
 from idem_platform.defs.connector.names import asset_keys, job_name
 from idem_platform.defs.filedrop.assets import build_filedrop_assets
@@ -13,7 +13,7 @@ from idem_platform.defs.filedrop.sensors import build_filedrop_sensor
 
 
 def filedrop_definitions(
-    config: IdemConfig, connector: ConnectorConfig, *, files_outside_drop_dir: bool = False
+    config: IdemConfig, connector: FileConnector, *, files_outside_drop_dir: bool = False
 ) -> dg.Definitions:
     """Assets, checks, the ingest job and the sensor of ``connector``
     (``files_outside_drop_dir``: see :func:`~idem_platform.defs.filedrop.assets.files_to_read`)."""

@@ -9,19 +9,19 @@ from typing import Any
 
 import dagster as dg
 
-from idem_platform.config import ConnectorConfig
+from idem_platform.config import ConnectorConfig, FileConnector, FileConnectorBase
 from idem_platform.errors import ConfigError
 
 # Dagster refuses these substrings in partition keys.
 _FORBIDDEN = ("...", "\a", "\b", "\f", "\n", "\r", "\t", "\v", "\0")
 
 
-def partitions_for(connector: ConnectorConfig) -> dg.DynamicPartitionsDefinition:
+def partitions_for(connector: FileConnector) -> dg.DynamicPartitionsDefinition:
     """The connector's dynamic partitions definition (``<connector>_files``)."""
     return dg.DynamicPartitionsDefinition(name=f"{connector.name.replace('-', '_')}_files")
 
 
-def partition_key_for(connector: ConnectorConfig, path: str | Path) -> str:
+def partition_key_for(connector: FileConnector, path: str | Path) -> str:
     """A file's partition key: its posix path relative to the drop directory.
 
     A file outside the drop directory (``idem ingest`` of any path) is
@@ -43,7 +43,7 @@ def partition_key_for(connector: ConnectorConfig, path: str | Path) -> str:
     return key
 
 
-def path_for_partition(connector: ConnectorConfig, partition_key: str) -> Path:
+def path_for_partition(connector: FileConnector, partition_key: str) -> Path:
     """The file a partition key names inside the drop directory (UI-launched runs).
 
     Raises:
@@ -69,7 +69,7 @@ def files_by_partition(
 ) -> dict[str, list[dict[str, Any]]]:
     """A batch commit's ``files`` entries grouped by the partition each file is (only
     ``partitions``, the run's; a connector without a drop directory has none)."""
-    if connector.path is None:
+    if not isinstance(connector, FileConnectorBase) or connector.path is None:
         return {}
     wanted = set(partitions)
     grouped: dict[str, list[dict[str, Any]]] = {}

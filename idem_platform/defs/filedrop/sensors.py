@@ -43,7 +43,7 @@ from typing import Any
 import dagster as dg
 import psycopg
 
-from idem_platform.config import ConnectorConfig
+from idem_platform.config import FileConnector
 from idem_platform.contract.keys import file_key_from_digest
 from idem_platform.defs.filedrop.decisions import (
     Asked,
@@ -120,7 +120,7 @@ def _shared_owners(conn: psycopg.Connection, namespace: str, owners: list[str]) 
 
 
 def _read_ledger(
-    postgres: PostgresResource, connector: ConnectorConfig, keys: list[str]
+    postgres: PostgresResource, connector: FileConnector, keys: list[str]
 ) -> tuple[dict[str, LedgerEntry], set[str], set[str]]:
     """The files' ledger rows, the keys a live run holds, and the owners of failed rows whose
     commit claimed several files (only where that changes the decision)."""
@@ -138,7 +138,7 @@ def _read_ledger(
 
 
 def build_filedrop_sensor(
-    connector: ConnectorConfig,
+    connector: FileConnector,
     job: dg.JobDefinition | Any,
     partitions: dg.DynamicPartitionsDefinition,
     ingest_op: str,
@@ -212,7 +212,7 @@ class _Scan:
     memory: dict[str, Asked]  # what was asked for them before
 
 
-def _scan(directory: Path, connector: ConnectorConfig, postgres: PostgresResource, text: str | None) -> _Scan:
+def _scan(directory: Path, connector: FileConnector, postgres: PostgresResource, text: str | None) -> _Scan:
     """Step 1, scan: the drop directory's files, the ones committed as they are now (never hashed
     again), and the settled rest with their sha256 (:func:`settled_files`)."""
     previous = Cursor.load(text)
@@ -233,7 +233,7 @@ def _decide(
     instance: dg.DagsterInstance,
     job_name: str,
     directory: Path,
-    connector: ConnectorConfig,
+    connector: FileConnector,
     postgres: PostgresResource,
     scan: _Scan,
 ) -> tuple[Choice, dict[str, LedgerEntry]]:
@@ -250,7 +250,7 @@ def _decide(
 
 
 def _request_runs(
-    existing: list[str], ingest_op: str, connector: ConnectorConfig, choice: Choice, scan: _Scan
+    existing: list[str], ingest_op: str, connector: FileConnector, choice: Choice, scan: _Scan
 ) -> tuple[list[dg.RunRequest], list[str]]:
     """Step 3, request runs: earlier requests whose run does not exist yet, again; new files in
     batches of consecutive partitions; every retry alone. Returns the requests and the

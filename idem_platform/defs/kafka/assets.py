@@ -8,7 +8,7 @@ offset ranges it read (its metadata names them). Run in one process
 import dagster as dg
 from pydantic import Field
 
-from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.config import IdemConfig, KafkaConnector
 from idem_platform.defs.connector.assets import (
     PLAN_IO_MANAGER,
     build_commit_assets,
@@ -41,7 +41,7 @@ class KafkaIngestConfig(dg.Config):
     )
 
 
-def build_kafka_assets(idem_config: IdemConfig, connector: ConnectorConfig) -> list[dg.AssetsDefinition]:
+def build_kafka_assets(idem_config: IdemConfig, connector: KafkaConnector) -> list[dg.AssetsDefinition]:
     """The asset factory: three assets per Kafka connector."""
     ingest_key, _, _ = asset_keys(connector)
     topics = ", ".join(connector.topics or [])

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dagster as dg
 
-from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.config import IdemConfig, KafkaConnector
 from idem_platform.defs.connector.checks import build_checks
 from idem_platform.defs.connector.names import asset_keys, job_name
 from idem_platform.defs.kafka.assets import build_kafka_assets
 from idem_platform.defs.kafka.sensors import build_kafka_sensor
 
 
-def kafka_definitions(config: IdemConfig, connector: ConnectorConfig) -> dg.Definitions:
+def kafka_definitions(config: IdemConfig, connector: KafkaConnector) -> dg.Definitions:
     """Assets, checks, the ingest job and the sensor of ``connector``."""
     assets = build_kafka_assets(config, connector)
     ingest_key, coerced_key, committed_key = asset_keys(connector)

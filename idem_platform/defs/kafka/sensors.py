@@ -18,7 +18,7 @@ from typing import Any
 
 import dagster as dg
 
-from idem_platform.config import ConnectorConfig
+from idem_platform.config import KafkaConnector
 from idem_platform.defs.resources import PostgresResource
 from idem_platform.errors import KafkaError
 from idem_platform.ledger import Ledger
@@ -38,7 +38,7 @@ ACTIVE_STATUSES = [
 ]
 
 
-def build_kafka_sensor(connector: ConnectorConfig, job: Any, ingest_op: str) -> dg.SensorDefinition:
+def build_kafka_sensor(connector: KafkaConnector, job: Any, ingest_op: str) -> dg.SensorDefinition:
     """The sensor of one Kafka connector."""
     name = connector.name.replace("-", "_")
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from idem_platform.config import ConnectorConfig
+from idem_platform.config import KafkaConnector
 from idem_platform.errors import ConfigError, KafkaError
 
 LOG = logging.getLogger("idem.kafka")
@@ -26,7 +26,7 @@ LOG.propagate = False
 QUERY_TIMEOUT_SECONDS = 10.0
 
 
-def client_settings(connector: ConnectorConfig) -> dict[str, Any]:
+def client_settings(connector: KafkaConnector) -> dict[str, Any]:
     """Settings every client of ``connector`` shares (brokers, security, client id)."""
     if not connector.bootstrap_servers:
         raise ConfigError(f"connector {connector.name!r} has no bootstrap_servers")
@@ -37,7 +37,7 @@ def client_settings(connector: ConnectorConfig) -> dict[str, Any]:
     }
 
 
-def reader_settings(connector: ConnectorConfig) -> dict[str, Any]:
+def reader_settings(connector: KafkaConnector) -> dict[str, Any]:
     """A consumer that reads assigned offsets only: no group join, no auto commit, no silent reset."""
     return {
         **client_settings(connector),
@@ -81,7 +81,7 @@ class PartitionState:
 
 
 def describe_partitions(
-    connector: ConnectorConfig,
+    connector: KafkaConnector,
     *,
     only: Iterable[tuple[str, int]] | None = None,
     timeout: float = QUERY_TIMEOUT_SECONDS,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from idem_platform.config import ConnectorConfig
+from idem_platform.config import KafkaConnector
 from idem_platform.errors import ConfigError, OffsetGapError, TerminalError
 from idem_platform.ledger import Ledger
 from idem_platform.postgres.connection import connect
@@ -50,7 +50,7 @@ class RangeRequest:
 
 
 def ranges_to_read(
-    connector: ConnectorConfig,
+    connector: KafkaConnector,
     committed: Mapping[tuple[str, int], int],
     states: Mapping[tuple[str, int], PartitionState],
 ) -> tuple[list[OffsetRange], list[str]]:
@@ -102,7 +102,7 @@ def gap_notes(ranges: Sequence[OffsetRange]) -> list[str]:
 
 
 def check_requests(
-    connector: ConnectorConfig,
+    connector: KafkaConnector,
     requests: Sequence[RangeRequest],
     committed: Mapping[tuple[str, int], int],
     states: Mapping[tuple[str, int], PartitionState],
@@ -149,7 +149,7 @@ def check_requests(
     return ranges
 
 
-def range_unit(connector: ConnectorConfig, piece: OffsetRange) -> Unit:
+def range_unit(connector: KafkaConnector, piece: OffsetRange) -> Unit:
     """A range as a unit: positions ``<topic>-<partition>@<offset>``."""
     source = {"topic": piece.topic, "partition": piece.partition, "start": piece.start, "end": piece.end, "key": piece.key}
     if piece.gap:
@@ -173,7 +173,7 @@ def range_unit(connector: ConnectorConfig, piece: OffsetRange) -> Unit:
     )
 
 
-def slices_of(connector: ConnectorConfig, ranges: Sequence[OffsetRange]) -> list[KafkaSlice]:
+def slices_of(connector: KafkaConnector, ranges: Sequence[OffsetRange]) -> list[KafkaSlice]:
     """Cut the ranges into tasks: at most ``split_records`` offsets, about :data:`TARGET_SLICES` in all."""
     total = sum(r.end - r.start for r in ranges)
     size = min(connector.split_records, max(MIN_SLICE_RECORDS, -(-total // TARGET_SLICES)))
@@ -195,7 +195,7 @@ def slices_of(connector: ConnectorConfig, ranges: Sequence[OffsetRange]) -> list
     return slices
 
 
-def plan_kafka(url: str, connector: ConnectorConfig, requests: Sequence[RangeRequest] | None = None) -> SourceBatch:
+def plan_kafka(url: str, connector: KafkaConnector, requests: Sequence[RangeRequest] | None = None) -> SourceBatch:
     """The batch of ``connector``: its lagging partitions' ranges, or the ``requests`` given.
 
     Raises:

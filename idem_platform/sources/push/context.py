@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import Request
 from psycopg_pool import ConnectionPool
 
-from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.config import IdemConfig, PushConnector, PushConnectorBase
 from idem_platform.ledger import DEFAULT_REPLAY_WINDOW
 
 RETRY_AFTER_SECONDS = 1
@@ -50,10 +50,10 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-def find_connector(settings: ServeSettings, name: str, kinds: tuple[str, ...]) -> ConnectorConfig:
-    """The connector of one of ``kinds`` that a path names; a ``404`` that lists the served
-    names otherwise, so a typo is answered with what would have worked."""
-    served = [c for c in settings.config.connectors if c.kind in kinds]
+def find_connector(settings: ServeSettings, name: str, kinds: tuple[str, ...]) -> PushConnector:
+    """The connector of one of ``kinds`` (http, otlp) that a path names; a ``404`` that lists
+    the served names otherwise, so a typo is answered with what would have worked."""
+    served = [c for c in settings.config.connectors if isinstance(c, PushConnectorBase) and c.kind in kinds]
     for connector in served:
         if connector.name == name:
             return connector
@@ -64,7 +64,7 @@ def find_connector(settings: ServeSettings, name: str, kinds: tuple[str, ...]) -
     )
 
 
-def landing_dir(connector: ConnectorConfig) -> Path:
+def landing_dir(connector: PushConnector) -> Path:
     """Where a connector's bodies land (its drop directory, which the sensor watches)."""
     if connector.path is None:  # the config refuses http/otlp connectors without one
         raise RuntimeError(f"connector {connector.name!r} has no path to land bodies in")

@@ -15,7 +15,7 @@ from fastapi.params import Depends
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from idem_platform.config import ConnectorConfig
+from idem_platform.config import PushConnector
 from idem_platform.contract.keys import FILE_KEY_PREFIX
 from idem_platform.sources.push import otlp
 from idem_platform.sources.push.body import read_body
@@ -122,7 +122,7 @@ def records_router(settings: ServeSettings, guarded: list[Depends]) -> APIRouter
     return router
 
 
-async def export_logs(settings: ServeSettings, connector: ConnectorConfig, request: Request) -> Response:
+async def export_logs(settings: ServeSettings, connector: PushConnector, request: Request) -> Response:
     """One OTLP/HTTP logs export: decoded whole (bounded by ``max_body_bytes``), its records
     landed as NDJSON under their file key, answered in the OTLP encoding it came in.
 

@@ -7,7 +7,6 @@ the loopback interface, whatever host was asked for, and says so at start.
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 import sys
 import threading
@@ -17,10 +16,11 @@ from dataclasses import dataclass
 import uvicorn
 
 from idem_platform.config import IdemConfig
+from idem_platform.settings import HTTP_TOKEN_ENV, http_token_from_environment
 from idem_platform.sources.push.app import create_app
 from idem_platform.sources.push.context import ServeSettings
 
-TOKEN_ENV = "IDEM_HTTP_TOKEN"
+TOKEN_ENV = HTTP_TOKEN_ENV
 LOOPBACK = "127.0.0.1"
 MAX_HEAD_BYTES = 64 << 10
 """Bound on a request's line and headers together; past it the connection gets ``400`` and is closed."""
@@ -127,5 +127,5 @@ def serve_in_background(settings: ServeSettings, port: int | None = None, timeou
 
 def settings_from_environment(config: IdemConfig, postgres_url: str) -> ServeSettings:
     """Settings for ``config`` with the token from ``IDEM_HTTP_TOKEN`` (blank = none)."""
-    token = (os.environ.get(TOKEN_ENV) or "").strip() or None
+    token = http_token_from_environment()
     return ServeSettings(config=config, postgres_url=postgres_url, token=token)

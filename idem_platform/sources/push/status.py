@@ -8,6 +8,7 @@ says whether the rows are committed, by which commit, and what was rejected.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -24,7 +25,7 @@ def request_namespace(connector: ConnectorConfig) -> str:
     return f"http:{connector.name}"
 
 
-def body_status(conn: psycopg.Connection, connectors: list[ConnectorConfig], file_key: str) -> dict[str, Any] | None:
+def body_status(conn: psycopg.Connection, connectors: Sequence[ConnectorConfig], file_key: str) -> dict[str, Any] | None:
     """The state of the body ``file_key`` among ``connectors``, or ``None`` if none landed it.
 
     ``status``: ``landed`` (waiting for the sensor or ``idem ingest``), ``ingesting``,
