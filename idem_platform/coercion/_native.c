@@ -1390,8 +1390,31 @@ static int put_value(char kind, Py_ssize_t node, Py_ssize_t dim) {
     }
 }
 
+/* ---- the plan: BatchPlan, RoutePlan, DirectPlan, DirectRoute (coercion/native.py) ---------
+ *
+ * coerce_lines reads its plan by attribute name once per batch, checking each attribute's
+ * type and shape: a wrong or incomplete plan is a TypeError or ValueError naming the bad
+ * attribute, never a crash. Every attribute read is kept alive in `held` (a list) for the
+ * call, so the pointers below stay valid whatever the Python code run from the call does. */
+
 typedef struct {
-    PyObject *routes;         /* record type -> (fields, kinds, required, dims, emitted, drop_unknown, rows, keys, ends) */
+    PyObject *plan; /* the RoutePlan: routes map record types to it */
+    PyObject *rows, *records, *known, *current, *table;
+} Route;
+
+typedef struct {
+    PyObject *plan; /* the DirectRoute */
+    PyObject *fields, *rows, *keys, *ends;
+    const char *kinds, *need;
+    Py_ssize_t ncols, emitted;
+    Py_ssize_t *dims; /* per column (malloc'd) */
+    int drop_unknown;
+} DirectRoute;
+
+typedef struct {
+    PyObject *routes;         /* record type -> DirectRoute */
+    DirectRoute *route;       /* the n_routes routes, read once */
+    Py_ssize_t n_routes;
     const int64_t *pos;       /* per input line: its _pos */
     const int64_t *offsets;   /* per input line: its line number or offset */
     const int64_t *units;     /* per input line: its unit */
@@ -1399,6 +1422,303 @@ typedef struct {
     const char *type_name, *id_name, *version_name;
     Py_ssize_t type_len, id_len, version_len;
 } Direct;
+
+typedef struct {
+    PyObject *held; /* every attribute read: alive until the call ends */
+    PyObject *out_input, *out_type, *out_key, *out_ext, *out_hash, *out_payload, *out_extra, *out_props,
+        *out_errors;
+    PyObject *routes, *fixed_type, *type_field, *id_field, *connector, *version_field, *declared, *shallow,
+        *too_long, *seen_lines, *seen_keys, *skipped, *fresh, *in_batch, *on_unknown, *decline;
+    Py_ssize_t max_key;
+    Route *route; /* the n_routes routes, read once */
+    Py_ssize_t n_routes;
+    int repeats, use_direct;
+    Direct dx;
+} Batch;
+
+/* obj.name, of `type` (or None if none_ok; any type if type is NULL), as a reference `held`
+   keeps alive; NULL with a TypeError naming `owner.name` otherwise. */
+static PyObject *plan_attr(PyObject *held, PyObject *obj, const char *owner, const char *name, PyTypeObject *type,
+                           int none_ok) {
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (v == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s.%s is missing (%s is a %.100s)", owner, name, owner, Py_TYPE(obj)->tp_name);
+        }
+        return NULL;
+    }
+    if (!((none_ok && v == Py_None) || type == NULL || PyObject_TypeCheck(v, type))) {
+        PyErr_Format(PyExc_TypeError, "%s.%s must be %s%s, not %.100s", owner, name, type->tp_name,
+                     none_ok ? " or None" : "", Py_TYPE(v)->tp_name);
+        Py_DECREF(v);
+        return NULL;
+    }
+    int status = PyList_Append(held, v);
+    Py_DECREF(v);
+    return status < 0 ? NULL : v;
+}
+
+/* "owner['key']" into buf, for error messages. */
+static void route_owner(char *buf, size_t size, const char *owner, PyObject *key) {
+    const char *text = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+    if (text == NULL)
+        PyErr_Clear();
+    snprintf(buf, size, "%s['%.80s']", owner, text ? text : "?");
+}
+
+static int read_route(PyObject *held, PyObject *key, PyObject *plan, Route *r) {
+    char owner[128];
+    route_owner(owner, sizeof owner, "BatchPlan.routes", key);
+    r->plan = plan;
+    if (!PyUnicode_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "%s: a record type must be a str, not %.100s", owner, Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    if (!(r->rows = plan_attr(held, plan, owner, "rows", &PyList_Type, 0)) ||
+        !(r->records = plan_attr(held, plan, owner, "records", &PyList_Type, 0)) ||
+        !(r->known = plan_attr(held, plan, owner, "known", &PyFrozenSet_Type, 1)) ||
+        !(r->current = plan_attr(held, plan, owner, "current", &PyLong_Type, 0)) ||
+        !(r->table = plan_attr(held, plan, owner, "table", NULL, 0)))
+        return -1;
+    return 0;
+}
+
+static const char DIRECT_KINDS[] = "silrbtvd";
+
+/* A DirectRoute's column shapes: as many kinds, required flags and dims as columns, every
+   kind one the direct path writes, `emitted` its non-dynamic columns, every field's column
+   an index (-1: an ignored field). */
+static int check_direct_shapes(const char *owner, DirectRoute *r, PyObject *kinds, PyObject *required, PyObject *dims) {
+    r->ncols = PyBytes_GET_SIZE(kinds);
+    if (PyBytes_GET_SIZE(required) != r->ncols || PyTuple_GET_SIZE(dims) != r->ncols) {
+        PyErr_Format(PyExc_ValueError, "%s: kinds, required and dims must have one entry per column", owner);
+        return -1;
+    }
+    if (r->ncols > MAX_DIRECT_COLUMNS) {
+        PyErr_Format(PyExc_ValueError, "%s.kinds: more than %d columns", owner, MAX_DIRECT_COLUMNS);
+        return -1;
+    }
+    r->kinds = PyBytes_AS_STRING(kinds);
+    r->need = PyBytes_AS_STRING(required);
+    r->dims = PyMem_Calloc((size_t)r->ncols + 1, sizeof(Py_ssize_t));
+    if (r->dims == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t emitted = 0;
+    for (Py_ssize_t c = 0; c < r->ncols; c++) {
+        if (r->kinds[c] == '\0' || strchr(DIRECT_KINDS, r->kinds[c]) == NULL) {
+            PyErr_Format(PyExc_ValueError, "%s.kinds[%zd]: not a kind the direct path writes", owner, c);
+            return -1;
+        }
+        emitted += r->kinds[c] != 'd';
+        PyObject *dim = PyTuple_GET_ITEM(dims, c);
+        r->dims[c] = PyLong_Check(dim) ? PyLong_AsSsize_t(dim) : -1;
+        if (r->dims[c] < 0 || r->dims[c] > 0xFFFFFF || (r->kinds[c] != 'v' && r->dims[c] != 0)) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "%s.dims[%zd]: not a dimension of this column", owner, c);
+            }
+            return -1;
+        }
+    }
+    if (emitted != r->emitted) {
+        PyErr_Format(PyExc_ValueError, "%s.emitted is %zd; its kinds emit %zd columns", owner, r->emitted, emitted);
+        return -1;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *name, *at;
+    while (PyDict_Next(r->fields, &pos, &name, &at)) {
+        Py_ssize_t c = PyLong_Check(at) ? PyLong_AsSsize_t(at) : -2;
+        if (!PyUnicode_Check(name) || c < -1 || c >= r->ncols) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s.fields: every field must map to a column index (or -1)", owner);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int read_direct_route(PyObject *held, PyObject *key, PyObject *plan, DirectRoute *r) {
+    char owner[128];
+    route_owner(owner, sizeof owner, "DirectPlan.routes", key);
+    r->plan = plan;
+    PyObject *kinds, *required, *dims, *emitted, *drop;
+    if (!(r->fields = plan_attr(held, plan, owner, "fields", &PyDict_Type, 0)) ||
+        !(kinds = plan_attr(held, plan, owner, "kinds", &PyBytes_Type, 0)) ||
+        !(required = plan_attr(held, plan, owner, "required", &PyBytes_Type, 0)) ||
+        !(dims = plan_attr(held, plan, owner, "dims", &PyTuple_Type, 0)) ||
+        !(emitted = plan_attr(held, plan, owner, "emitted", &PyLong_Type, 0)) ||
+        !(drop = plan_attr(held, plan, owner, "drop_unknown", &PyBool_Type, 0)) ||
+        !(r->rows = plan_attr(held, plan, owner, "rows", &PyByteArray_Type, 0)) ||
+        !(r->keys = plan_attr(held, plan, owner, "keys", &PyList_Type, 0)) ||
+        !(r->ends = plan_attr(held, plan, owner, "ends", &PyList_Type, 0)))
+        return -1;
+    r->drop_unknown = drop == Py_True;
+    r->emitted = PyLong_AsSsize_t(emitted);
+    if (r->emitted == -1 && PyErr_Occurred())
+        return -1;
+    return check_direct_shapes(owner, r, kinds, required, dims);
+}
+
+/* A str-or-None attribute's UTF-8 (NULL for None); -1 on error. */
+static int attr_text(PyObject *value, const char **text, Py_ssize_t *len) {
+    *text = NULL;
+    *len = 0;
+    if (value == Py_None)
+        return 0;
+    *text = PyUnicode_AsUTF8AndSize(value, len);
+    return *text == NULL ? -1 : 0;
+}
+
+static int read_direct(Batch *b, PyObject *plan, Py_ssize_t lines) {
+    const char *owner = "BatchPlan.direct";
+    Direct *dx = &b->dx;
+    PyObject *pos, *offsets, *units, *tname, *iname, *vname;
+    if (!(dx->routes = plan_attr(b->held, plan, owner, "routes", &PyDict_Type, 0)) ||
+        !(pos = plan_attr(b->held, plan, owner, "pos", &PyBytes_Type, 0)) ||
+        !(offsets = plan_attr(b->held, plan, owner, "offsets", &PyBytes_Type, 0)) ||
+        !(units = plan_attr(b->held, plan, owner, "units", &PyBytes_Type, 0)) ||
+        !(dx->prefixes = plan_attr(b->held, plan, owner, "prefixes", &PyList_Type, 0)) ||
+        !(tname = plan_attr(b->held, plan, owner, "type_field", &PyUnicode_Type, 1)) ||
+        !(iname = plan_attr(b->held, plan, owner, "id_field", &PyUnicode_Type, 0)) ||
+        !(vname = plan_attr(b->held, plan, owner, "version_field", &PyUnicode_Type, 1)))
+        return -1;
+    if (PyBytes_GET_SIZE(pos) != lines * 8 || PyBytes_GET_SIZE(offsets) != lines * 8 ||
+        PyBytes_GET_SIZE(units) != lines * 8) {
+        PyErr_SetString(PyExc_ValueError, "BatchPlan.direct: pos, offsets and units need one int64 per line");
+        return -1;
+    }
+    for (Py_ssize_t u = 0; u < PyList_GET_SIZE(dx->prefixes); u++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(dx->prefixes, u))) {
+            PyErr_Format(PyExc_TypeError, "BatchPlan.direct.prefixes[%zd] must be bytes", u);
+            return -1;
+        }
+    }
+    dx->pos = (const int64_t *)PyBytes_AS_STRING(pos);
+    dx->offsets = (const int64_t *)PyBytes_AS_STRING(offsets);
+    dx->units = (const int64_t *)PyBytes_AS_STRING(units);
+    if (attr_text(tname, &dx->type_name, &dx->type_len) < 0 || attr_text(iname, &dx->id_name, &dx->id_len) < 0 ||
+        attr_text(vname, &dx->version_name, &dx->version_len) < 0)
+        return -1;
+    dx->route = PyMem_Calloc((size_t)PyDict_GET_SIZE(dx->routes) + 1, sizeof(DirectRoute));
+    if (dx->route == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t at = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dx->routes, &at, &key, &value)) {
+        if (read_direct_route(b->held, key, value, &dx->route[dx->n_routes++]) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The plan's scalar rules: the record type, fields, connector, versions and limits. */
+static int read_rules(Batch *b, PyObject *plan) {
+    const char *owner = "BatchPlan";
+    PyObject *held = b->held, *max_key;
+    if (!(b->fixed_type = plan_attr(held, plan, owner, "fixed_type", &PyUnicode_Type, 1)) ||
+        !(b->type_field = plan_attr(held, plan, owner, "type_field", &PyUnicode_Type, 1)) ||
+        !(b->id_field = plan_attr(held, plan, owner, "id_field", &PyUnicode_Type, 0)) ||
+        !(b->connector = plan_attr(held, plan, owner, "connector", &PyUnicode_Type, 0)) ||
+        !(b->version_field = plan_attr(held, plan, owner, "version_field", &PyUnicode_Type, 0)) ||
+        !(b->declared = plan_attr(held, plan, owner, "declared", &PyLong_Type, 1)) ||
+        !(b->shallow = plan_attr(held, plan, owner, "shallow", &PyFrozenSet_Type, 0)) ||
+        !(b->too_long = plan_attr(held, plan, owner, "too_long", &PySet_Type, 0)) ||
+        !(max_key = plan_attr(held, plan, owner, "max_key", &PyLong_Type, 0)))
+        return -1;
+    if (b->fixed_type == Py_None && b->type_field == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "BatchPlan: fixed_type and type_field are both None");
+        return -1;
+    }
+    b->max_key = PyLong_AsSsize_t(max_key);
+    return b->max_key == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The repeat memories: all four or none; the callbacks. */
+static int read_memories(Batch *b, PyObject *plan) {
+    const char *owner = "BatchPlan";
+    PyObject *held = b->held;
+    if (!(b->seen_lines = plan_attr(held, plan, owner, "seen_lines", &PyDict_Type, 1)) ||
+        !(b->seen_keys = plan_attr(held, plan, owner, "seen_keys", &PyDict_Type, 1)) ||
+        !(b->skipped = plan_attr(held, plan, owner, "skipped", &PyDict_Type, 1)) ||
+        !(b->fresh = plan_attr(held, plan, owner, "fresh", &PyList_Type, 1)) ||
+        !(b->in_batch = plan_attr(held, plan, owner, "in_batch", &PyList_Type, 0)) ||
+        !(b->on_unknown = plan_attr(held, plan, owner, "on_unknown", NULL, 0)) ||
+        !(b->decline = plan_attr(held, plan, owner, "decline", NULL, 0)))
+        return -1;
+    b->repeats = b->seen_lines != Py_None;
+    if ((b->seen_keys != Py_None) != b->repeats || (b->skipped != Py_None) != b->repeats ||
+        (b->fresh != Py_None) != b->repeats) {
+        PyErr_SetString(PyExc_ValueError, "BatchPlan: seen_lines, seen_keys, skipped and fresh are all None or none is");
+        return -1;
+    }
+    if (!PyCallable_Check(b->on_unknown) || !PyCallable_Check(b->decline)) {
+        PyErr_SetString(PyExc_TypeError, "BatchPlan.on_unknown and BatchPlan.decline must be callable");
+        return -1;
+    }
+    return 0;
+}
+
+static int read_plan(Batch *b, PyObject *plan, Py_ssize_t lines) {
+    static const char *outs[] = {"out_input", "out_type", "out_key", "out_ext", "out_hash",
+                                 "out_payload", "out_extra", "out_props", "out_errors"};
+    PyObject **slots[] = {&b->out_input, &b->out_type, &b->out_key, &b->out_ext, &b->out_hash,
+                          &b->out_payload, &b->out_extra, &b->out_props, &b->out_errors};
+    for (int k = 0; k < 9; k++)
+        if (!(*slots[k] = plan_attr(b->held, plan, "BatchPlan", outs[k], &PyList_Type, 0)))
+            return -1;
+    if (!(b->routes = plan_attr(b->held, plan, "BatchPlan", "routes", &PyDict_Type, 0)) || read_rules(b, plan) < 0 ||
+        read_memories(b, plan) < 0)
+        return -1;
+    b->route = PyMem_Calloc((size_t)PyDict_GET_SIZE(b->routes) + 1, sizeof(Route));
+    if (b->route == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t at = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(b->routes, &at, &key, &value))
+        if (read_route(b->held, key, value, &b->route[b->n_routes++]) < 0)
+            return -1;
+    PyObject *direct = plan_attr(b->held, plan, "BatchPlan", "direct", NULL, 0);
+    if (direct == NULL)
+        return -1;
+    b->use_direct = direct != Py_None;
+    return b->use_direct ? read_direct(b, direct, lines) : 0;
+}
+
+static void free_plan(Batch *b) {
+    for (Py_ssize_t r = 0; r < b->dx.n_routes; r++)
+        PyMem_Free(b->dx.route[r].dims);
+    PyMem_Free(b->dx.route);
+    PyMem_Free(b->route);
+    Py_XDECREF(b->held);
+}
+
+/* The route of record_type in `map` (a routes dict), as read: NULL with no error if it has none. */
+static Route *find_route(Batch *b, PyObject *record_type) {
+    PyObject *plan = PyDict_GetItemWithError(b->routes, record_type);
+    for (Py_ssize_t r = 0; plan != NULL && r < b->n_routes; r++)
+        if (b->route[r].plan == plan)
+            return &b->route[r];
+    if (plan != NULL) /* the dict changed since the plan was read */
+        PyErr_SetString(PyExc_RuntimeError, "BatchPlan.routes changed during the batch");
+    return NULL;
+}
+
+static DirectRoute *find_direct_route(Direct *dx, PyObject *record_type) {
+    PyObject *plan = PyDict_GetItemWithError(dx->routes, record_type);
+    for (Py_ssize_t r = 0; plan != NULL && r < dx->n_routes; r++)
+        if (dx->route[r].plan == plan)
+            return &dx->route[r];
+    if (plan != NULL)
+        PyErr_SetString(PyExc_RuntimeError, "BatchPlan.direct.routes changed during the batch");
+    return NULL;
+}
 
 static int same_key(Node *k, const char *name, Py_ssize_t len) {
     return name != NULL && k->len == len && memcmp(line_bytes + k->start, name, (size_t)len) == 0;
@@ -1409,9 +1729,9 @@ static Py_ssize_t cap_keytext;
 
 /* The parsed record `top` (line i) as a direct row: 1 (staged, or counted as a repeat);
    not sure: 0 (the dict path takes it); Python error: -1. */
-static int direct_row(Direct *dx, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40],
-                      PyObject *fixed_type, PyObject *connector, Py_ssize_t max_key, PyObject *seen_lines,
-                      PyObject *seen_keys, PyObject *skipped, PyObject *in_batch) {
+static int direct_row(Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40]) {
+    Direct *dx = &b->dx;
+    PyObject *fixed_type = b->fixed_type, *connector = b->connector, *seen_keys = b->seen_keys;
     Node *obj = &nodes[top];
     Py_ssize_t type_node = -1, id_node = -1;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
@@ -1440,20 +1760,14 @@ static int direct_row(Direct *dx, Py_ssize_t top, Py_ssize_t i, PyObject *raw, c
     }
     int status = 0;
     PyObject *key = NULL;
-    PyObject *route = PyDict_GetItemWithError(dx->routes, record_type);
+    DirectRoute *route = find_direct_route(dx, record_type);
     if (route == NULL) {
         status = PyErr_Occurred() ? -1 : 0;
         goto done;
     }
-    PyObject *fields = PyTuple_GET_ITEM(route, 0), *kinds = PyTuple_GET_ITEM(route, 1);
-    PyObject *required = PyTuple_GET_ITEM(route, 2), *dims = PyTuple_GET_ITEM(route, 3);
-    Py_ssize_t emitted = PyLong_AsSsize_t(PyTuple_GET_ITEM(route, 4));
-    int drop_unknown = PyObject_IsTrue(PyTuple_GET_ITEM(route, 5));
-    PyObject *rows = PyTuple_GET_ITEM(route, 6), *keys = PyTuple_GET_ITEM(route, 7), *ends = PyTuple_GET_ITEM(route, 8);
-    Py_ssize_t ncols = PyBytes_GET_SIZE(kinds);
-    const char *kind = PyBytes_AS_STRING(kinds), *need = PyBytes_AS_STRING(required);
-    if (ncols > MAX_DIRECT_COLUMNS)
-        goto done;
+    PyObject *fields = route->fields, *rows = route->rows, *keys = route->keys, *ends = route->ends;
+    Py_ssize_t ncols = route->ncols, emitted = route->emitted;
+    const char *kind = route->kinds, *need = route->need;
     for (Py_ssize_t c = 0; c < ncols; c++)
         col_node[c] = -1;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
@@ -1469,11 +1783,15 @@ static int direct_row(Direct *dx, Py_ssize_t top, Py_ssize_t i, PyObject *raw, c
                 status = -1;
                 goto done;
             }
-            if (drop_unknown)
+            if (route->drop_unknown)
                 continue;
             goto done; /* an unknown field: _extra and _props, or a strict reject */
         }
         Py_ssize_t c = PyLong_AsSsize_t(at);
+        if (c == -1 && PyErr_Occurred()) {
+            status = -1;
+            goto done;
+        }
         if (c >= 0 && c < ncols)
             col_node[c] = kids[obj->start + 2 * m + 1];
     }
@@ -1508,7 +1826,7 @@ static int direct_row(Direct *dx, Py_ssize_t top, Py_ssize_t i, PyObject *raw, c
         status = -1;
         goto done;
     }
-    if (PyUnicode_GET_LENGTH(key) > max_key)
+    if (PyUnicode_GET_LENGTH(key) > b->max_key)
         goto done;
     /* The row: 11 staged system columns, then the typed ones. */
     n_row = 0;
@@ -1561,8 +1879,7 @@ static int direct_row(Direct *dx, Py_ssize_t top, Py_ssize_t i, PyObject *raw, c
         }
         if (kind[c] == 'd')
             continue; /* dynamic: PostgreSQL takes it from _payload */
-        Py_ssize_t dim = kind[c] == 'v' ? PyLong_AsSsize_t(PyTuple_GET_ITEM(dims, c)) : 0;
-        int put = put_value(kind[c], node, dim);
+        int put = put_value(kind[c], node, route->dims[c]);
         if (put <= 0) {
             status = put;
             goto done;
@@ -1571,12 +1888,12 @@ static int direct_row(Direct *dx, Py_ssize_t top, Py_ssize_t i, PyObject *raw, c
     if (seen_keys != Py_None) {
         PyObject *known = PyDict_GetItemWithError(seen_keys, key);
         if (known != NULL) {
-            status = note_repeat(known, i, in_batch, skipped) < 0 ? -1 : 1;
+            status = note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 1;
             goto done;
         }
         /* A direct row is good for sure: its memory entries are final (no settle needed). */
         if (PyErr_Occurred() || PyDict_SetItem(seen_keys, key, record_type) < 0 ||
-            PyDict_SetItem(seen_lines, raw, record_type) < 0) {
+            PyDict_SetItem(b->seen_lines, raw, record_type) < 0) {
             status = -1;
             goto done;
         }
@@ -1595,240 +1912,201 @@ done:
 }
 
 PyDoc_STRVAR(coerce_lines_doc,
-             "coerce_lines(raws: list, start: int, plan: tuple) -> int\n\n"
-             "Run records.py's per-record loop over raws[start:] for the records it is sure of,\n"
-             "appending to the batch's lists and dicts held by `plan` (see native.NativePlan);\n"
-             "return the index of the first record the Python loop must take (len(raws) at the end).");
+             "coerce_lines(raws: list, plan: BatchPlan) -> None\n\n"
+             "Run records.py's per-record loop over raws: the records it is sure of here, appending\n"
+             "to the batch's lists and dicts held by `plan` (see native.BatchPlan); every other one\n"
+             "through plan.decline(index), in input order. The plan is read and checked once.");
+
+/* Before parsing: 2 (parse it), 1 (a repeat of an earlier line, counted), 0 (the Python loop
+   decides: no value, blank, not an object, too long), -1 (a Python error). */
+static int line_gate(Batch *b, Py_ssize_t i, PyObject *raw) {
+    if (!PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) == 0)
+        return 0; /* no value, or blank */
+    const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(raw);
+    Py_ssize_t size = PyBytes_GET_SIZE(raw), lead = 0;
+    while (lead < size && (bytes[lead] == ' ' || bytes[lead] == '\t' || bytes[lead] == '\n' || bytes[lead] == '\r'))
+        lead++;
+    if (lead == size || bytes[lead] != '{')
+        return 0; /* blank, or not an object: the Python loop words it */
+    if (b->repeats) {
+        PyObject *known = PyDict_GetItemWithError(b->seen_lines, raw);
+        if (known != NULL)
+            return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 1;
+        if (PyErr_Occurred())
+            return -1;
+    }
+    if (PySet_GET_SIZE(b->too_long)) {
+        PyObject *index = PyLong_FromSsize_t(i);
+        int over = index ? PySet_Contains(b->too_long, index) : -1;
+        Py_XDECREF(index);
+        if (over != 0)
+            return over < 0 ? -1 : 0;
+    }
+    return 2;
+}
+
+/* The record's version against its table's: 1 (current), 0 (the Python loop upgrades or
+   rejects it), -1 (a Python error). */
+static int current_version(Batch *b, PyObject *record, Route *route) {
+    PyObject *version = PyDict_GetItemWithError(record, b->version_field);
+    if (version == NULL && PyErr_Occurred())
+        return -1;
+    if (version == NULL)
+        version = b->declared;
+    if (version != Py_None) {
+        if (!PyLong_CheckExact(version))
+            return 0;
+        return PyObject_RichCompareBool(version, route->current, Py_EQ);
+    }
+    return b->declared == Py_None; /* "schema_version": null states nothing: the connector's applies */
+}
+
+/* Whether the record holds a field its table does not know: 1, 0, or -1 (a Python error). */
+static int has_unknown_field(PyObject *record, Route *route) {
+    if (route->known == Py_None)
+        return 0;
+    Py_ssize_t pos = 0;
+    PyObject *name, *value;
+    while (PyDict_Next(record, &pos, &name, &value)) {
+        int has = PySet_Contains(route->known, name);
+        if (has <= 0)
+            return has < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* The repeat memories of a new row: its key and line point at its row until settled. 1 (a
+   new row), 2 (a repeat, counted), -1 (a Python error). */
+static int remember_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *key, Py_ssize_t row) {
+    PyObject *known = PyDict_GetItemWithError(b->seen_keys, key);
+    if (known != NULL)
+        return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 2;
+    if (PyErr_Occurred())
+        return -1;
+    PyObject *at = PyLong_FromSsize_t(row);
+    if (at == NULL || PyDict_SetItem(b->seen_keys, key, at) < 0 || PyDict_SetItem(b->seen_lines, raw, at) < 0 ||
+        append_steal(b->fresh, PyTuple_Pack(3, raw, key, at)) < 0) {
+        Py_XDECREF(at);
+        return -1;
+    }
+    Py_DECREF(at);
+    return 1;
+}
+
+/* The row's output columns, and its table's row and record (a strict table notes the
+   unknown fields of its local index: after the row is the table's). 1, or -1. */
+static int append_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *record, PyObject *record_type, Route *route,
+                      PyObject *key, PyObject *ext_id, PyObject *digest, int has_unknown, Py_ssize_t row) {
+    PyObject *unknown = NULL;
+    if (append_steal(route->rows, PyLong_FromSsize_t(row)) < 0 || PyList_Append(route->records, record) < 0)
+        return -1;
+    if (has_unknown) {
+        unknown = PyObject_CallFunctionObjArgs(b->on_unknown, route->table, record, record_type, NULL);
+        if (unknown == NULL || !PyTuple_CheckExact(unknown) || PyTuple_GET_SIZE(unknown) != 2) {
+            if (unknown != NULL)
+                PyErr_SetString(PyExc_TypeError, "BatchPlan.on_unknown must return (extra, props)");
+            Py_XDECREF(unknown);
+            return -1;
+        }
+    }
+    int status = PyList_Append(b->out_extra, unknown ? PyTuple_GET_ITEM(unknown, 0) : Py_None) < 0 ||
+                 PyList_Append(b->out_props, unknown ? PyTuple_GET_ITEM(unknown, 1) : Py_None) < 0 ||
+                 append_steal(b->out_input, PyLong_FromSsize_t(i)) < 0 || PyList_Append(b->out_type, record_type) < 0 ||
+                 PyList_Append(b->out_key, key) < 0 || PyList_Append(b->out_ext, ext_id) < 0 ||
+                 PyList_Append(b->out_hash, digest) < 0 || PyList_Append(b->out_payload, raw) < 0 ||
+                 PyList_Append(b->out_errors, Py_None) < 0;
+    Py_XDECREF(unknown);
+    return status ? -1 : 1;
+}
+
+/* A parsed record on the dict path: 1 (its row appended, or a repeat counted), 0 (the Python
+   loop decides), -1 (a Python error). */
+static int dict_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *record, PyObject *digest) {
+    PyObject *record_type = b->fixed_type;
+    if (record_type == Py_None && (record_type = PyDict_GetItemWithError(record, b->type_field)) == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyUnicode_CheckExact(record_type))
+        return 0;
+    Route *route = find_route(b, record_type);
+    if (route == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *ext_id = PyDict_GetItemWithError(record, b->id_field);
+    if (ext_id == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyUnicode_CheckExact(ext_id) || PyUnicode_GET_LENGTH(ext_id) == 0 || !plain_id(ext_id))
+        return 0;
+    int ok = current_version(b, record, route);
+    int has_unknown = ok > 0 ? has_unknown_field(record, route) : 0;
+    if (ok <= 0 || has_unknown < 0)
+        return has_unknown < 0 ? -1 : ok;
+    PyObject *key = PyUnicode_FromFormat("%U:%U:%U:%.12s", b->connector, record_type, ext_id, PyUnicode_AsUTF8(digest));
+    if (key == NULL)
+        return -1;
+    Py_ssize_t row = PyList_GET_SIZE(b->out_input);
+    ok = PyUnicode_GET_LENGTH(key) > b->max_key ? 0 : b->repeats ? remember_row(b, i, raw, key, row) : 1;
+    if (ok == 1)
+        ok = append_row(b, i, raw, record, record_type, route, key, ext_id, digest, has_unknown, row);
+    Py_DECREF(key);
+    return ok;
+}
+
+/* Line i: 1 (taken: a row, a direct row or a counted repeat), 0 (the Python loop decides),
+   -1 (a Python error). */
+static int coerce_one(Batch *b, Py_ssize_t i, PyObject *raw) {
+    int gate = line_gate(b, i, raw);
+    if (gate != 2)
+        return gate;
+    char hex[40];
+    Py_ssize_t top = parse_line((const unsigned char *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), hex);
+    if (top < 0)
+        return top == -1 ? -1 : 0;
+    if (b->use_direct) {
+        int taken = direct_row(b, top, i, raw, hex);
+        if (taken != 0)
+            return taken;
+    }
+    PyObject *record, *canonical, *digest;
+    if (build_record(top, hex, b->shallow, &record, &canonical, &digest) < 0)
+        return -1;
+    int ok = dict_row(b, i, raw, record, digest);
+    Py_DECREF(record);
+    Py_DECREF(canonical);
+    Py_DECREF(digest);
+    return ok;
+}
 
 static PyObject *coerce_lines(PyObject *self, PyObject *args) {
     PyObject *raws, *plan;
-    Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "O!nO!", &PyList_Type, &raws, &start, &PyTuple_Type, &plan))
+    if (!PyArg_ParseTuple(args, "O!O:coerce_lines", &PyList_Type, &raws, &plan))
         return NULL;
-    PyObject *out_input, *out_type, *out_key, *out_ext, *out_hash, *out_payload, *out_extra, *out_props,
-        *out_errors, *routes, *fixed_type, *type_field, *id_field, *connector, *version_field, *declared,
-        *shallow, *too_long, *seen_lines, *seen_keys, *skipped, *fresh, *in_batch, *on_unknown, *direct;
-    Py_ssize_t max_key;
-    if (!PyArg_ParseTuple(plan, "O!O!O!O!O!O!O!O!O!O!OOUUUOO!O!nOOOOO!OO:NativePlan", &PyList_Type, &out_input,
-                          &PyList_Type, &out_type, &PyList_Type, &out_key, &PyList_Type, &out_ext, &PyList_Type,
-                          &out_hash, &PyList_Type, &out_payload, &PyList_Type, &out_extra, &PyList_Type, &out_props,
-                          &PyList_Type, &out_errors, &PyDict_Type, &routes, &fixed_type, &type_field, &id_field,
-                          &connector, &version_field, &declared, &PyFrozenSet_Type, &shallow, &PySet_Type,
-                          &too_long, &max_key, &seen_lines, &seen_keys, &skipped, &fresh, &PyList_Type, &in_batch,
-                          &on_unknown, &direct))
+    Py_ssize_t n = PyList_GET_SIZE(raws);
+    Batch b = {0};
+    if ((b.held = PyList_New(0)) == NULL || read_plan(&b, plan, n) < 0) {
+        free_plan(&b);
         return NULL;
-    int repeats = seen_lines != Py_None;
-    /* direct: None, or (routes, pos, offsets, units, prefixes, type field, id field, version field) */
-    Direct dx = {0};
-    Py_buffer pos_buf = {0}, offsets_buf = {0}, units_buf = {0};
-    int use_direct = direct != Py_None;
-    if (use_direct) {
-        PyObject *routes_d, *prefixes, *tname, *iname, *vname;
-        if (!PyArg_ParseTuple(direct, "O!y*y*y*O!OOO:DirectPlan", &PyDict_Type, &routes_d, &pos_buf, &offsets_buf,
-                              &units_buf, &PyList_Type, &prefixes, &tname, &iname, &vname))
-            return NULL;
-        dx.routes = routes_d;
-        dx.pos = (const int64_t *)pos_buf.buf;
-        dx.offsets = (const int64_t *)offsets_buf.buf;
-        dx.units = (const int64_t *)units_buf.buf;
-        dx.prefixes = prefixes;
-        Py_ssize_t lines = PyList_GET_SIZE(raws);
-        int bad = pos_buf.len != lines * 8 || offsets_buf.len != lines * 8 || units_buf.len != lines * 8;
-        dx.type_name = tname == Py_None ? NULL : PyUnicode_AsUTF8AndSize(tname, &dx.type_len);
-        dx.id_name = PyUnicode_AsUTF8AndSize(iname, &dx.id_len);
-        dx.version_name = vname == Py_None ? NULL : PyUnicode_AsUTF8AndSize(vname, &dx.version_len);
-        if (bad || dx.id_name == NULL || (tname != Py_None && dx.type_name == NULL) ||
-            (vname != Py_None && dx.version_name == NULL)) {
-            if (bad)
-                PyErr_SetString(PyExc_ValueError, "DirectPlan: one pos, offset and unit per line");
-            PyBuffer_Release(&pos_buf);
-            PyBuffer_Release(&offsets_buf);
-            PyBuffer_Release(&units_buf);
-            return NULL;
-        }
     }
     PyObject *result = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(raws), i;
-    for (i = start; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(raws)) {
+            PyErr_SetString(PyExc_RuntimeError, "coerce_lines: raws changed size during the batch");
+            goto done;
+        }
         PyObject *raw = PyList_GET_ITEM(raws, i);
-        if (!PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) == 0)
-            break; /* no value, or blank */
-        const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(raw);
-        Py_ssize_t size = PyBytes_GET_SIZE(raw);
-        Py_ssize_t lead = 0;
-        while (lead < size && (bytes[lead] == ' ' || bytes[lead] == '\t' || bytes[lead] == '\n' || bytes[lead] == '\r'))
-            lead++;
-        if (lead == size || bytes[lead] != '{')
-            break; /* blank, or not an object: the Python loop words it */
-        if (repeats) {
-            PyObject *known = PyDict_GetItemWithError(seen_lines, raw);
-            if (known != NULL) {
-                if (note_repeat(known, i, in_batch, skipped) < 0)
-                    goto fail;
-                continue;
-            }
-            if (PyErr_Occurred())
-                goto fail;
-        }
-        if (PySet_GET_SIZE(too_long)) {
-            PyObject *index = PyLong_FromSsize_t(i);
-            int over = index ? PySet_Contains(too_long, index) : -1;
-            Py_XDECREF(index);
-            if (over < 0)
-                goto fail;
-            if (over)
-                break;
-        }
-        PyObject *record, *canonical, *digest;
-        char hex[40];
-        Py_ssize_t top = parse_line(bytes, size, hex);
-        if (top == -1)
-            goto fail;
-        if (top < 0)
-            break;
-        if (use_direct) {
-            int taken = direct_row(&dx, top, i, raw, hex, fixed_type, connector, max_key, seen_lines, seen_keys,
-                                   skipped, in_batch);
-            if (taken < 0)
-                goto fail;
-            if (taken)
-                continue;
-        }
-        if (build_record(top, hex, shallow, &record, &canonical, &digest) < 0)
-            goto fail;
-        PyObject *key = NULL, *unknown = NULL;
-        int ok = 0; /* 1: taken; 0: the Python loop decides; -1: error */
-        PyObject *record_type = fixed_type;
-        if (record_type == Py_None) {
-            record_type = PyDict_GetItemWithError(record, type_field);
-            if (record_type == NULL) {
-                ok = PyErr_Occurred() ? -1 : 0;
+        Py_INCREF(raw); /* Python code may run (on_unknown): the line stays ours */
+        int taken = coerce_one(&b, i, raw);
+        Py_DECREF(raw);
+        if (taken < 0)
+            goto done;
+        if (taken == 0) {
+            PyObject *called = PyObject_CallFunction(b.decline, "n", i);
+            if (called == NULL)
                 goto done;
-            }
+            Py_DECREF(called);
         }
-        if (!PyUnicode_CheckExact(record_type))
-            goto done;
-        PyObject *route = PyDict_GetItemWithError(routes, record_type);
-        if (route == NULL) {
-            ok = PyErr_Occurred() ? -1 : 0;
-            goto done;
-        }
-        PyObject *ext_id = PyDict_GetItemWithError(record, id_field);
-        if (ext_id == NULL) {
-            ok = PyErr_Occurred() ? -1 : 0;
-            goto done;
-        }
-        if (!PyUnicode_CheckExact(ext_id) || PyUnicode_GET_LENGTH(ext_id) == 0 || !plain_id(ext_id))
-            goto done;
-        /* route: (rows, records, known field names or None, current schema version, table) */
-        PyObject *rows = PyTuple_GET_ITEM(route, 0), *records = PyTuple_GET_ITEM(route, 1);
-        PyObject *known_fields = PyTuple_GET_ITEM(route, 2), *current = PyTuple_GET_ITEM(route, 3);
-        int has_unknown = 0;
-        PyObject *version = PyDict_GetItemWithError(record, version_field);
-        if (version == NULL && PyErr_Occurred()) {
-            ok = -1;
-            goto done;
-        }
-        if (version == NULL)
-            version = declared;
-        if (version != Py_None) {
-            if (!PyLong_CheckExact(version))
-                goto done;
-            int same = PyObject_RichCompareBool(version, current, Py_EQ);
-            if (same <= 0) {
-                ok = same;
-                goto done;
-            }
-        } else if (declared != Py_None) {
-            goto done; /* "schema_version": null states nothing: the connector's applies */
-        }
-        if (known_fields != Py_None) {
-            Py_ssize_t pos = 0;
-            PyObject *name, *value;
-            while (PyDict_Next(record, &pos, &name, &value)) {
-                int has = PySet_Contains(known_fields, name);
-                if (has < 0) {
-                    ok = -1;
-                    goto done;
-                }
-                if (has == 0) {
-                    has_unknown = 1; /* _extra and _props, or a strict reject: on_unknown says */
-                    break;
-                }
-            }
-        }
-        key = PyUnicode_FromFormat("%U:%U:%U:%.12s", connector, record_type, ext_id, PyUnicode_AsUTF8(digest));
-        if (key == NULL) {
-            ok = -1;
-            goto done;
-        }
-        if (PyUnicode_GET_LENGTH(key) > max_key)
-            goto done;
-        Py_ssize_t row = PyList_GET_SIZE(out_input);
-        if (repeats) {
-            PyObject *known = PyDict_GetItemWithError(seen_keys, key);
-            if (known != NULL) {
-                ok = note_repeat(known, i, in_batch, skipped) < 0 ? -1 : 2;
-                goto done;
-            }
-            if (PyErr_Occurred()) {
-                ok = -1;
-                goto done;
-            }
-            PyObject *at = PyLong_FromSsize_t(row);
-            if (at == NULL || PyDict_SetItem(seen_keys, key, at) < 0 || PyDict_SetItem(seen_lines, raw, at) < 0) {
-                Py_XDECREF(at);
-                ok = -1;
-                goto done;
-            }
-            if (append_steal(fresh, PyTuple_Pack(3, raw, key, at)) < 0) {
-                Py_DECREF(at);
-                ok = -1;
-                goto done;
-            }
-            Py_DECREF(at);
-        }
-        if (append_steal(rows, PyLong_FromSsize_t(row)) < 0 || PyList_Append(records, record) < 0) {
-            ok = -1;
-            goto done;
-        }
-        if (has_unknown) { /* after the row is the table's: a strict table notes its local index */
-            unknown = PyObject_CallFunctionObjArgs(on_unknown, PyTuple_GET_ITEM(route, 4), record, record_type, NULL);
-            if (unknown == NULL || !PyTuple_CheckExact(unknown) || PyTuple_GET_SIZE(unknown) != 2) {
-                if (unknown != NULL)
-                    PyErr_SetString(PyExc_TypeError, "on_unknown must return (extra, props)");
-                ok = -1;
-                goto done;
-            }
-        }
-        if (PyList_Append(out_extra, unknown ? PyTuple_GET_ITEM(unknown, 0) : Py_None) < 0 ||
-            PyList_Append(out_props, unknown ? PyTuple_GET_ITEM(unknown, 1) : Py_None) < 0 ||
-            append_steal(out_input, PyLong_FromSsize_t(i)) < 0 || PyList_Append(out_type, record_type) < 0 ||
-            PyList_Append(out_key, key) < 0 || PyList_Append(out_ext, ext_id) < 0 ||
-            PyList_Append(out_hash, digest) < 0 || PyList_Append(out_payload, raw) < 0 ||
-            PyList_Append(out_errors, Py_None) < 0) {
-            ok = -1;
-            goto done;
-        }
-        ok = 1;
-    done:
-        Py_XDECREF(unknown);
-        Py_XDECREF(key);
-        Py_DECREF(record);
-        Py_DECREF(canonical);
-        Py_DECREF(digest);
-        if (ok < 0)
-            goto fail;
-        if (ok == 0)
-            break;
     }
-    result = PyLong_FromSsize_t(i);
-fail:
-    if (use_direct) {
-        PyBuffer_Release(&pos_buf);
-        PyBuffer_Release(&offsets_buf);
-        PyBuffer_Release(&units_buf);
-    }
+    result = Py_NewRef(Py_None);
+done:
+    free_plan(&b);
     return result;
 }
 

@@ -239,14 +239,16 @@ def test_ordinary_records_all_take_the_c_path(monkeypatch: pytest.MonkeyPatch) -
     """A batch of ordinary records reaches the Python loop only for its repeats' bookkeeping, not one by one."""
     lines = [json.dumps(record, ensure_ascii=False).encode() for record in THREAT_FEED]
     handed: list[int] = []
-    original = native.declined
+    original = native.coerce_lines
 
-    def spy(raws: list[Any], plan: tuple[Any, ...]) -> Any:
-        for i in original(raws, plan):
+    def spy(raws: list[Any], plan: native.BatchPlan) -> None:
+        def decline(i: int) -> object:
             handed.append(i)
-            yield i
+            return plan.decline(i)
 
-    monkeypatch.setattr(native, "declined", spy)
+        original(raws, replace(plan, decline=decline))
+
+    monkeypatch.setattr(native, "coerce_lines", spy)
     out = coerce_batch(lines_batch(lines + lines[:10]), BASE_SPEC, RepeatedLines())
     assert handed == []
     assert out.num_rows == len(lines)
