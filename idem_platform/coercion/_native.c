@@ -18,10 +18,9 @@
  * shorter string names the same double); every other float goes through
  * PyOS_double_to_string(x, 'r'), which is what float.__repr__ calls.
  *
- * Scratch buffers are module-level and reused by every call. That is safe because the
- * GIL is held throughout, except inside coerce_lines' on_unknown callback (Python code,
- * where another thread may run): by then the record's buffers have become Python
- * objects, and the next record starts them afresh.
+ * Reentrant: every buffer written at run time lives in the call's own Scratch (see there),
+ * so Python code run from a call (on_unknown, decline), another thread, or a nested call
+ * never shares one. What stays at module level is read-only after module init.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -52,19 +51,41 @@ typedef struct {
     Py_ssize_t n, i;
 } Line;
 
-/* Growable scratch arrays, reused across calls. */
-static Node *nodes;
-static Py_ssize_t n_nodes, cap_nodes;
-static Py_ssize_t *kids;
-static Py_ssize_t n_kids, cap_kids;
-static Py_ssize_t *pending;
-static Py_ssize_t n_pending, cap_pending;
-static unsigned char *out;
-static Py_ssize_t n_out, cap_out;
-static unsigned char *keybuf; /* decoded (unescaped UTF-8) keys of the line; never longer than the line */
-static Py_ssize_t n_keybuf, cap_keybuf;
-static unsigned char *text; /* one decoded string value */
-static Py_ssize_t cap_text;
+typedef struct Member Member;
+typedef struct KeySlot KeySlot;
+
+/* One call's scratch: growable arrays reused from line to line of the call, and the cache of
+   its object keys. Each entry point has its own, on its stack, freed when it returns: nothing
+   the module keeps is written at run time, so a call (or another thread's, while Python code
+   run from a call has released the GIL) never sees another's buffers. The module-level
+   tables (SPECIAL, HEX, POW10, DAYS, DIRECT_KINDS) are constants, SPECIAL filled once at
+   module init and only read after. */
+typedef struct {
+    Node *nodes;
+    Py_ssize_t n_nodes, cap_nodes;
+    Py_ssize_t *kids;
+    Py_ssize_t n_kids, cap_kids;
+    Py_ssize_t *pending;
+    Py_ssize_t n_pending, cap_pending;
+    unsigned char *out; /* the line's canonical bytes */
+    Py_ssize_t n_out, cap_out;
+    unsigned char *keybuf; /* decoded (unescaped UTF-8) keys of the line; never longer than the line */
+    Py_ssize_t n_keybuf, cap_keybuf;
+    unsigned char *text; /* one decoded string value */
+    Py_ssize_t cap_text;
+    Member *members; /* the keys of the objects being written, nested runs stacked */
+    Py_ssize_t cap_members, used;
+    const unsigned char *line_bytes; /* the line being read */
+    KeySlot *key_slots;              /* allocated on the first key, NULL until then */
+    unsigned char *row;              /* one direct row */
+    Py_ssize_t n_row, cap_row;
+    Py_ssize_t *col_node; /* per column of the direct row's table: its value's node, or -1 */
+    Py_ssize_t cap_col_node;
+    unsigned char *keytext; /* one direct row's idempotency key */
+    Py_ssize_t cap_keytext;
+} Scratch;
+
+static void scratch_free(Scratch *cx);
 
 static int grow(void **buf, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
     if (need <= *cap)
@@ -80,32 +101,32 @@ static int grow(void **buf, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
     return 0;
 }
 
-static Py_ssize_t new_node(uint8_t kind) {
-    if (grow((void **)&nodes, &cap_nodes, n_nodes + 1, sizeof(Node)) < 0)
+static Py_ssize_t new_node(Scratch *cx, uint8_t kind) {
+    if (grow((void **)&cx->nodes, &cx->cap_nodes, cx->n_nodes + 1, sizeof(Node)) < 0)
         return -1;
-    nodes[n_nodes].kind = kind;
-    nodes[n_nodes].plain = 0;
-    nodes[n_nodes].start = 0;
-    nodes[n_nodes].len = 0;
-    return n_nodes++;
+    cx->nodes[cx->n_nodes].kind = kind;
+    cx->nodes[cx->n_nodes].plain = 0;
+    cx->nodes[cx->n_nodes].start = 0;
+    cx->nodes[cx->n_nodes].len = 0;
+    return cx->n_nodes++;
 }
 
-static int push_pending(Py_ssize_t v) {
-    if (grow((void **)&pending, &cap_pending, n_pending + 1, sizeof(Py_ssize_t)) < 0)
+static int push_pending(Scratch *cx, Py_ssize_t v) {
+    if (grow((void **)&cx->pending, &cx->cap_pending, cx->n_pending + 1, sizeof(Py_ssize_t)) < 0)
         return -1;
-    pending[n_pending++] = v;
+    cx->pending[cx->n_pending++] = v;
     return 0;
 }
 
 /* The children gathered since `mark` become one contiguous run of kids. */
-static Py_ssize_t close_container(Py_ssize_t mark) {
-    Py_ssize_t count = n_pending - mark;
-    if (grow((void **)&kids, &cap_kids, n_kids + count, sizeof(Py_ssize_t)) < 0)
+static Py_ssize_t close_container(Scratch *cx, Py_ssize_t mark) {
+    Py_ssize_t count = cx->n_pending - mark;
+    if (grow((void **)&cx->kids, &cx->cap_kids, cx->n_kids + count, sizeof(Py_ssize_t)) < 0)
         return -1;
-    Py_ssize_t first = n_kids;
-    memcpy(kids + n_kids, pending + mark, (size_t)count * sizeof(Py_ssize_t));
-    n_kids += count;
-    n_pending = mark;
+    Py_ssize_t first = cx->n_kids;
+    memcpy(cx->kids + cx->n_kids, cx->pending + mark, (size_t)count * sizeof(Py_ssize_t));
+    cx->n_kids += count;
+    cx->n_pending = mark;
     return first;
 }
 
@@ -128,7 +149,8 @@ static inline int hex_value(unsigned char c) {
     return (c | 0x20) - 'a' + 10;
 }
 
-/* Bytes a string token's scan stops at: the quote, a backslash, controls, DEL and non-ASCII. */
+/* Bytes a string token's scan stops at: the quote, a backslash, controls, DEL and non-ASCII.
+   Filled once at module init (init_special), read-only after. */
 static unsigned char SPECIAL[256];
 
 static void init_special(void) {
@@ -138,7 +160,7 @@ static void init_special(void) {
 
 /* A string token (l->i at its opening quote): syntax only; escapes and UTF-8 are
    checked when it is decoded. */
-static Py_ssize_t parse_string(Line *l) {
+static Py_ssize_t parse_string(Scratch *cx, Line *l) {
     const unsigned char *s = l->s;
     Py_ssize_t i = l->i + 1, start = i;
     uint8_t plain = 1;
@@ -173,12 +195,12 @@ static Py_ssize_t parse_string(Line *l) {
             plain = 0;
         i++;
     }
-    Py_ssize_t node = new_node(N_STR);
+    Py_ssize_t node = new_node(cx, N_STR);
     if (node < 0)
         return -1;
-    nodes[node].plain = plain;
-    nodes[node].start = start;
-    nodes[node].len = i - start;
+    cx->nodes[node].plain = plain;
+    cx->nodes[node].start = start;
+    cx->nodes[node].len = i - start;
     l->i = i + 1;
     return node;
 }
@@ -193,7 +215,7 @@ static inline int skip_digits(const unsigned char *s, Py_ssize_t n, Py_ssize_t *
     return any;
 }
 
-static Py_ssize_t parse_number(Line *l) {
+static Py_ssize_t parse_number(Scratch *cx, Line *l) {
     const unsigned char *s = l->s;
     Py_ssize_t i = l->i, start = i, n = l->n;
     int is_int = 1;
@@ -236,24 +258,24 @@ static Py_ssize_t parse_number(Line *l) {
     }
     if (is_int && i - start > MAX_INT_DIGITS)
         return -1; /* int() refuses it past sys.get_int_max_str_digits(): the Python path says so */
-    Py_ssize_t node = new_node(is_int ? N_INT : N_FLOAT);
+    Py_ssize_t node = new_node(cx, is_int ? N_INT : N_FLOAT);
     if (node < 0)
         return -1;
-    nodes[node].start = start;
-    nodes[node].len = i - start;
+    cx->nodes[node].start = start;
+    cx->nodes[node].len = i - start;
     l->i = i;
     return node;
 }
 
-static Py_ssize_t parse_value(Line *l, int depth);
+static Py_ssize_t parse_value(Scratch *cx, Line *l, int depth);
 
-static Py_ssize_t parse_container(Line *l, int depth, int object) {
+static Py_ssize_t parse_container(Scratch *cx, Line *l, int depth, int object) {
     if (depth > MAX_DEPTH)
         return -1;
-    Py_ssize_t node = new_node(object ? N_OBJ : N_ARR);
+    Py_ssize_t node = new_node(cx, object ? N_OBJ : N_ARR);
     if (node < 0)
         return -1;
-    Py_ssize_t mark = n_pending, count = 0;
+    Py_ssize_t mark = cx->n_pending, count = 0;
     unsigned char close = object ? '}' : ']';
     l->i++;
     skip_ws(l);
@@ -265,16 +287,16 @@ static Py_ssize_t parse_container(Line *l, int depth, int object) {
                 skip_ws(l);
                 if (l->i >= l->n || l->s[l->i] != '"')
                     return -1;
-                Py_ssize_t key = parse_string(l);
-                if (key < 0 || push_pending(key) < 0)
+                Py_ssize_t key = parse_string(cx, l);
+                if (key < 0 || push_pending(cx, key) < 0)
                     return -1;
                 skip_ws(l);
                 if (l->i >= l->n || l->s[l->i] != ':')
                     return -1;
                 l->i++;
             }
-            Py_ssize_t value = parse_value(l, depth + 1);
-            if (value < 0 || push_pending(value) < 0)
+            Py_ssize_t value = parse_value(cx, l, depth + 1);
+            if (value < 0 || push_pending(cx, value) < 0)
                 return -1;
             count++;
             skip_ws(l);
@@ -288,47 +310,47 @@ static Py_ssize_t parse_container(Line *l, int depth, int object) {
             return -1;
         }
     }
-    Py_ssize_t first = close_container(mark);
+    Py_ssize_t first = close_container(cx, mark);
     if (first < 0)
         return -1;
-    nodes[node].start = first;
-    nodes[node].len = count;
+    cx->nodes[node].start = first;
+    cx->nodes[node].len = count;
     return node;
 }
 
-static Py_ssize_t parse_value(Line *l, int depth) {
+static Py_ssize_t parse_value(Scratch *cx, Line *l, int depth) {
     skip_ws(l);
     if (l->i >= l->n)
         return -1;
     unsigned char c = l->s[l->i];
     switch (c) {
     case '{':
-        return parse_container(l, depth, 1);
+        return parse_container(cx, l, depth, 1);
     case '[':
-        return parse_container(l, depth, 0);
+        return parse_container(cx, l, depth, 0);
     case '"':
-        return parse_string(l);
+        return parse_string(cx, l);
     case 't':
         if (l->n - l->i >= 4 && memcmp(l->s + l->i, "true", 4) == 0) {
             l->i += 4;
-            return new_node(N_TRUE);
+            return new_node(cx, N_TRUE);
         }
         return -1;
     case 'f':
         if (l->n - l->i >= 5 && memcmp(l->s + l->i, "false", 5) == 0) {
             l->i += 5;
-            return new_node(N_FALSE);
+            return new_node(cx, N_FALSE);
         }
         return -1;
     case 'n':
         if (l->n - l->i >= 4 && memcmp(l->s + l->i, "null", 4) == 0) {
             l->i += 4;
-            return new_node(N_NULL);
+            return new_node(cx, N_NULL);
         }
         return -1;
     default:
         if (c == '-' || (c >= '0' && c <= '9'))
-            return parse_number(l);
+            return parse_number(cx, l);
         return -1;
     }
 }
@@ -450,8 +472,8 @@ static Py_ssize_t decode_string(const unsigned char *s, Py_ssize_t len, unsigned
     return d - start;
 }
 
-static int reserve_out(Py_ssize_t more) {
-    return grow((void **)&out, &cap_out, n_out + more, 1);
+static int reserve_out(Scratch *cx, Py_ssize_t more) {
+    return grow((void **)&cx->out, &cx->cap_out, cx->n_out + more, 1);
 }
 
 static const char HEX[] = "0123456789abcdef";
@@ -467,10 +489,10 @@ static inline unsigned char *put_u_escape(unsigned char *d, uint32_t unit) {
 }
 
 /* Decoded UTF-8 text as json.dumps(ensure_ascii=True) writes a string. */
-static int emit_text(const unsigned char *t, Py_ssize_t len) {
-    if (reserve_out(len * 12 + 2) < 0) /* at worst every 4-byte character becomes 12 bytes */
+static int emit_text(Scratch *cx, const unsigned char *t, Py_ssize_t len) {
+    if (reserve_out(cx, len * 12 + 2) < 0) /* at worst every 4-byte character becomes 12 bytes */
         return -1;
-    unsigned char *d = out + n_out;
+    unsigned char *d = cx->out + cx->n_out;
     *d++ = '"';
     Py_ssize_t i = 0;
     while (i < len) {
@@ -506,18 +528,18 @@ static int emit_text(const unsigned char *t, Py_ssize_t len) {
         }
     }
     *d++ = '"';
-    n_out = d - out;
+    cx->n_out = d - cx->out;
     return 0;
 }
 
-static int ensure_text(Py_ssize_t len) {
-    return grow((void **)&text, &cap_text, len + 1, 1);
+static int ensure_text(Scratch *cx, Py_ssize_t len) {
+    return grow((void **)&cx->text, &cx->cap_text, len + 1, 1);
 }
 
 /* ---- numbers ------------------------------------------------------------------ */
 
 /* The canonical text of a float token if the short rule (see the top) covers it: 1, else 0. */
-static int short_float(const unsigned char *s, Py_ssize_t len) {
+static int short_float(Scratch *cx, const unsigned char *s, Py_ssize_t len) {
     Py_ssize_t i = 0, dot = -1;
     if (s[0] == '-')
         i = 1;
@@ -541,12 +563,12 @@ static int short_float(const unsigned char *s, Py_ssize_t len) {
         }
     }
     if (first < 0) { /* zero: "0.0" or "-0.0" */
-        if (reserve_out(4) < 0)
+        if (reserve_out(cx, 4) < 0)
             return -1;
         if (s[0] == '-')
-            out[n_out++] = '-';
-        memcpy(out + n_out, "0.0", 3);
-        n_out += 3;
+            cx->out[cx->n_out++] = '-';
+        memcpy(cx->out + cx->n_out, "0.0", 3);
+        cx->n_out += 3;
         return 1;
     }
     Py_ssize_t last = end - 1;
@@ -557,14 +579,12 @@ static int short_float(const unsigned char *s, Py_ssize_t len) {
         return 0;
     if (first > dot && first - dot - 1 > 3)
         return 0; /* below 1e-4: repr writes an exponent */
-    if (reserve_out(end) < 0)
+    if (reserve_out(cx, end) < 0)
         return -1;
-    memcpy(out + n_out, s, (size_t)end);
-    n_out += end;
+    memcpy(cx->out + cx->n_out, s, (size_t)end);
+    cx->n_out += end;
     return 1;
 }
-
-static char numbuf[MAX_INT_DIGITS + 64];
 
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
@@ -595,6 +615,7 @@ static double token_double(const unsigned char *s, Py_ssize_t len, int *ok) {
         }
     }
     *ok = 0;
+    char numbuf[MAX_INT_DIGITS + 64];
     if (len >= (Py_ssize_t)sizeof(numbuf))
         return 0.0;
     memcpy(numbuf, s, (size_t)len);
@@ -611,8 +632,8 @@ static double token_double(const unsigned char *s, Py_ssize_t len, int *ok) {
     return x;
 }
 
-static int emit_float(const unsigned char *s, Py_ssize_t len) {
-    int done = short_float(s, len);
+static int emit_float(Scratch *cx, const unsigned char *s, Py_ssize_t len) {
+    int done = short_float(cx, s, len);
     if (done != 0)
         return done < 0 ? -1 : 0;
     int ok;
@@ -625,26 +646,23 @@ static int emit_float(const unsigned char *s, Py_ssize_t len) {
         return -1;
     }
     Py_ssize_t k = (Py_ssize_t)strlen(repr);
-    if (reserve_out(k) < 0) {
+    if (reserve_out(cx, k) < 0) {
         PyMem_Free(repr);
         return -1;
     }
-    memcpy(out + n_out, repr, (size_t)k);
-    n_out += k;
+    memcpy(cx->out + cx->n_out, repr, (size_t)k);
+    cx->n_out += k;
     PyMem_Free(repr);
     return 0;
 }
 
 /* ---- the canonical form ------------------------------------------------------- */
 
-typedef struct {
+struct Member {
     const unsigned char *key; /* decoded UTF-8: byte order is code point order, str's order */
     Py_ssize_t len;
     Py_ssize_t member; /* index of the key node in kids */
-} Member;
-
-static Member *members;
-static Py_ssize_t cap_members;
+};
 
 static int member_cmp(const void *a, const void *b) {
     const Member *x = a, *y = b;
@@ -655,66 +673,63 @@ static int member_cmp(const void *a, const void *b) {
     return (x->len > y->len) - (x->len < y->len);
 }
 
-static const unsigned char *line_bytes;
-
 /* A key's decoded text: the raw span if plain, else decoded into keybuf. */
-static int key_text(Py_ssize_t node, const unsigned char **key, Py_ssize_t *len) {
-    Node *k = &nodes[node];
+static int key_text(Scratch *cx, Py_ssize_t node, const unsigned char **key, Py_ssize_t *len) {
+    Node *k = &cx->nodes[node];
     if (k->plain) {
-        *key = line_bytes + k->start;
+        *key = cx->line_bytes + k->start;
         *len = k->len;
         return 0;
     }
-    Py_ssize_t got = decode_string(line_bytes + k->start, k->len, keybuf + n_keybuf);
+    Py_ssize_t got = decode_string(cx->line_bytes + k->start, k->len, cx->keybuf + cx->n_keybuf);
     if (got < 0)
         return -1;
-    *key = keybuf + n_keybuf;
+    *key = cx->keybuf + cx->n_keybuf;
     *len = got;
-    n_keybuf += got;
+    cx->n_keybuf += got;
     return 0;
 }
 
-static int emit(Py_ssize_t node);
+static int emit(Scratch *cx, Py_ssize_t node);
 
-static int emit_string_node(Node *v) {
+static int emit_string_node(Scratch *cx, Node *v) {
     if (v->plain) {
-        if (reserve_out(v->len + 2) < 0)
+        if (reserve_out(cx, v->len + 2) < 0)
             return -1;
-        out[n_out++] = '"';
-        memcpy(out + n_out, line_bytes + v->start, (size_t)v->len);
-        n_out += v->len;
-        out[n_out++] = '"';
+        cx->out[cx->n_out++] = '"';
+        memcpy(cx->out + cx->n_out, cx->line_bytes + v->start, (size_t)v->len);
+        cx->n_out += v->len;
+        cx->out[cx->n_out++] = '"';
         return 0;
     }
-    if (ensure_text(v->len) < 0)
+    if (ensure_text(cx, v->len) < 0)
         return -1;
-    Py_ssize_t got = decode_string(line_bytes + v->start, v->len, text);
+    Py_ssize_t got = decode_string(cx->line_bytes + v->start, v->len, cx->text);
     if (got < 0)
         return -1;
-    return emit_text(text, got);
+    return emit_text(cx, cx->text, got);
 }
 
-static int emit_object(Node *v) {
+static int emit_object(Scratch *cx, Node *v) {
     Py_ssize_t count = v->len, first = v->start;
     if (count == 0) {
-        if (reserve_out(2) < 0)
+        if (reserve_out(cx, 2) < 0)
             return -1;
-        out[n_out++] = '{';
-        out[n_out++] = '}';
+        cx->out[cx->n_out++] = '{';
+        cx->out[cx->n_out++] = '}';
         return 0;
     }
     /* members is shared by every level: this object's run sits above its parents'. */
-    static Py_ssize_t used = 0;
-    Py_ssize_t base = used;
-    if (grow((void **)&members, &cap_members, base + count, sizeof(Member)) < 0)
+    Py_ssize_t base = cx->used;
+    if (grow((void **)&cx->members, &cx->cap_members, base + count, sizeof(Member)) < 0)
         return -1;
     for (Py_ssize_t m = 0; m < count; m++) {
-        Member *mm = &members[base + m];
+        Member *mm = &cx->members[base + m];
         mm->member = first + 2 * m;
-        if (key_text(kids[first + 2 * m], &mm->key, &mm->len) < 0)
+        if (key_text(cx, cx->kids[first + 2 * m], &mm->key, &mm->len) < 0)
             return -1;
     }
-    Member *run = members + base;
+    Member *run = cx->members + base;
     if (count > 1) {
         if (count <= 16) {
             for (Py_ssize_t a = 1; a < count; a++) {
@@ -733,125 +748,143 @@ static int emit_object(Node *v) {
             if (member_cmp(&run[a - 1], &run[a]) == 0)
                 return -1; /* a repeated key: a reject the Python path words */
     }
-    used = base + count;
+    cx->used = base + count;
     int status = 0;
-    if (reserve_out(1) < 0) {
+    if (reserve_out(cx, 1) < 0) {
         status = -1;
         goto done;
     }
-    out[n_out++] = '{';
+    cx->out[cx->n_out++] = '{';
     for (Py_ssize_t m = 0; m < count; m++) {
-        run = members + base; /* emit() may have grown members */
+        run = cx->members + base; /* emit() may have grown members */
         Py_ssize_t at = run[m].member;
-        Node *key = &nodes[kids[at]];
+        Node *key = &cx->nodes[cx->kids[at]];
         if (key->plain) {
-            if (emit_string_node(key) < 0) {
+            if (emit_string_node(cx, key) < 0) {
                 status = -1;
                 goto done;
             }
-        } else if (emit_text(run[m].key, run[m].len) < 0) {
+        } else if (emit_text(cx, run[m].key, run[m].len) < 0) {
             status = -1;
             goto done;
         }
-        if (reserve_out(1) < 0) {
+        if (reserve_out(cx, 1) < 0) {
             status = -1;
             goto done;
         }
-        out[n_out++] = ':';
-        if (emit(kids[at + 1]) < 0) {
+        cx->out[cx->n_out++] = ':';
+        if (emit(cx, cx->kids[at + 1]) < 0) {
             status = -1;
             goto done;
         }
-        if (reserve_out(1) < 0) {
+        if (reserve_out(cx, 1) < 0) {
             status = -1;
             goto done;
         }
-        out[n_out++] = m + 1 < count ? ',' : '}';
+        cx->out[cx->n_out++] = m + 1 < count ? ',' : '}';
     }
 done:
-    used = base;
+    cx->used = base;
     return status;
 }
 
-static int emit(Py_ssize_t node) {
-    Node *v = &nodes[node];
+static int emit(Scratch *cx, Py_ssize_t node) {
+    Node *v = &cx->nodes[node];
     switch (v->kind) {
     case N_NULL:
     case N_TRUE:
     case N_FALSE: {
         const char *word = v->kind == N_NULL ? "null" : v->kind == N_TRUE ? "true" : "false";
         Py_ssize_t k = v->kind == N_FALSE ? 5 : 4;
-        if (reserve_out(k) < 0)
+        if (reserve_out(cx, k) < 0)
             return -1;
-        memcpy(out + n_out, word, (size_t)k);
-        n_out += k;
+        memcpy(cx->out + cx->n_out, word, (size_t)k);
+        cx->n_out += k;
         return 0;
     }
     case N_INT: {
-        const unsigned char *s = line_bytes + v->start;
+        const unsigned char *s = cx->line_bytes + v->start;
         if (v->len == 2 && s[0] == '-' && s[1] == '0') { /* int("-0") is 0 */
-            if (reserve_out(1) < 0)
+            if (reserve_out(cx, 1) < 0)
                 return -1;
-            out[n_out++] = '0';
+            cx->out[cx->n_out++] = '0';
             return 0;
         }
-        if (reserve_out(v->len) < 0)
+        if (reserve_out(cx, v->len) < 0)
             return -1;
-        memcpy(out + n_out, s, (size_t)v->len);
-        n_out += v->len;
+        memcpy(cx->out + cx->n_out, s, (size_t)v->len);
+        cx->n_out += v->len;
         return 0;
     }
     case N_FLOAT:
-        return emit_float(line_bytes + v->start, v->len);
+        return emit_float(cx, cx->line_bytes + v->start, v->len);
     case N_STR:
-        return emit_string_node(v);
+        return emit_string_node(cx, v);
     case N_ARR: {
-        if (reserve_out(1) < 0)
+        if (reserve_out(cx, 1) < 0)
             return -1;
-        out[n_out++] = '[';
+        cx->out[cx->n_out++] = '[';
         Py_ssize_t count = v->len, first = v->start;
         for (Py_ssize_t e = 0; e < count; e++) {
             if (e) {
-                if (reserve_out(1) < 0)
+                if (reserve_out(cx, 1) < 0)
                     return -1;
-                out[n_out++] = ',';
+                cx->out[cx->n_out++] = ',';
             }
-            if (emit(kids[first + e]) < 0)
+            if (emit(cx, cx->kids[first + e]) < 0)
                 return -1;
         }
-        if (reserve_out(1) < 0)
+        if (reserve_out(cx, 1) < 0)
             return -1;
-        out[n_out++] = ']';
+        cx->out[cx->n_out++] = ']';
         return 0;
     }
     default:
-        return emit_object(v);
+        return emit_object(cx, v);
     }
 }
 
 /* ---- Python values ------------------------------------------------------------ */
 
-static PyObject *value_of(Py_ssize_t node);
+static PyObject *value_of(Scratch *cx, Py_ssize_t node);
 
 /* Object keys repeat from record to record: plain short ones are made once and
    reused (with their cached hash), as orjson does. Direct-mapped; a clash replaces. */
 #define KEY_SLOTS 1024
 #define KEY_MAX 48
-typedef struct {
+struct KeySlot {
     Py_ssize_t len;
     unsigned char bytes[KEY_MAX];
     PyObject *str;
-} KeySlot;
-static KeySlot key_slots[KEY_SLOTS];
+};
 
-static PyObject *key_of(Node *v) {
+static void scratch_free(Scratch *cx) {
+    if (cx->key_slots != NULL)
+        for (Py_ssize_t k = 0; k < KEY_SLOTS; k++)
+            Py_XDECREF(cx->key_slots[k].str);
+    free(cx->key_slots);
+    free(cx->nodes);
+    free(cx->kids);
+    free(cx->pending);
+    free(cx->out);
+    free(cx->keybuf);
+    free(cx->text);
+    free(cx->members);
+    free(cx->row);
+    free(cx->col_node);
+    free(cx->keytext);
+}
+
+static PyObject *key_of(Scratch *cx, Node *v) {
     if (!v->plain || v->len > KEY_MAX)
         return NULL;
-    const unsigned char *s = line_bytes + v->start;
+    const unsigned char *s = cx->line_bytes + v->start;
     uint32_t h = 2166136261u;
     for (Py_ssize_t i = 0; i < v->len; i++)
         h = (h ^ s[i]) * 16777619u;
-    KeySlot *slot = &key_slots[(h ^ (h >> 16)) & (KEY_SLOTS - 1)];
+    if (cx->key_slots == NULL && (cx->key_slots = calloc(KEY_SLOTS, sizeof(KeySlot))) == NULL)
+        return PyErr_NoMemory();
+    KeySlot *slot = &cx->key_slots[(h ^ (h >> 16)) & (KEY_SLOTS - 1)];
     if (slot->str != NULL && slot->len == v->len && memcmp(slot->bytes, s, (size_t)v->len) == 0) {
         Py_INCREF(slot->str);
         return slot->str;
@@ -870,17 +903,17 @@ static PyObject *key_of(Node *v) {
     return str;
 }
 
-static PyObject *string_of(Node *v) {
+static PyObject *string_of(Scratch *cx, Node *v) {
     if (v->plain)
-        return PyUnicode_DecodeASCII((const char *)line_bytes + v->start, v->len, NULL);
-    if (ensure_text(v->len) < 0)
+        return PyUnicode_DecodeASCII((const char *)cx->line_bytes + v->start, v->len, NULL);
+    if (ensure_text(cx, v->len) < 0)
         return PyErr_NoMemory();
-    Py_ssize_t got = decode_string(line_bytes + v->start, v->len, text);
+    Py_ssize_t got = decode_string(cx->line_bytes + v->start, v->len, cx->text);
     if (got < 0) { /* cannot happen: the canonical pass decoded it already */
         PyErr_SetString(PyExc_ValueError, "undecodable string");
         return NULL;
     }
-    return PyUnicode_DecodeUTF8((const char *)text, got, NULL);
+    return PyUnicode_DecodeUTF8((const char *)cx->text, got, NULL);
 }
 
 static PyObject *int_of(const unsigned char *s, Py_ssize_t len) {
@@ -891,13 +924,14 @@ static PyObject *int_of(const unsigned char *s, Py_ssize_t len) {
             x = x * 10 + (s[j] - '0');
         return PyLong_FromLongLong(i ? -x : x);
     }
+    char numbuf[MAX_INT_DIGITS + 64]; /* parse_number let no integer longer than MAX_INT_DIGITS through */
     memcpy(numbuf, s, (size_t)len);
     numbuf[len] = '\0';
     return PyLong_FromString(numbuf, NULL, 10);
 }
 
-static PyObject *value_of(Py_ssize_t node) {
-    Node *v = &nodes[node];
+static PyObject *value_of(Scratch *cx, Py_ssize_t node) {
+    Node *v = &cx->nodes[node];
     switch (v->kind) {
     case N_NULL:
         Py_RETURN_NONE;
@@ -906,10 +940,10 @@ static PyObject *value_of(Py_ssize_t node) {
     case N_FALSE:
         Py_RETURN_FALSE;
     case N_INT:
-        return int_of(line_bytes + v->start, v->len);
+        return int_of(cx->line_bytes + v->start, v->len);
     case N_FLOAT: {
         int ok;
-        double x = token_double(line_bytes + v->start, v->len, &ok);
+        double x = token_double(cx->line_bytes + v->start, v->len, &ok);
         if (!ok) {
             PyErr_SetString(PyExc_ValueError, "unreadable float");
             return NULL;
@@ -917,13 +951,13 @@ static PyObject *value_of(Py_ssize_t node) {
         return PyFloat_FromDouble(x);
     }
     case N_STR:
-        return string_of(v);
+        return string_of(cx, v);
     case N_ARR: {
         PyObject *list = PyList_New(v->len);
         if (list == NULL)
             return NULL;
         for (Py_ssize_t e = 0; e < v->len; e++) {
-            PyObject *item = value_of(kids[v->start + e]);
+            PyObject *item = value_of(cx, cx->kids[v->start + e]);
             if (item == NULL) {
                 Py_DECREF(list);
                 return NULL;
@@ -938,11 +972,11 @@ static PyObject *value_of(Py_ssize_t node) {
             return NULL;
         for (Py_ssize_t m = 0; m < v->len; m++) {
             Py_ssize_t at = v->start + 2 * m;
-            Node *k = &nodes[kids[at]];
-            PyObject *key = key_of(k);
+            Node *k = &cx->nodes[cx->kids[at]];
+            PyObject *key = key_of(cx, k);
             if (key == NULL && !PyErr_Occurred())
-                key = string_of(k);
-            PyObject *item = key ? value_of(kids[at + 1]) : NULL;
+                key = string_of(cx, k);
+            PyObject *item = key ? value_of(cx, cx->kids[at + 1]) : NULL;
             if (item == NULL || PyDict_SetItem(dict, key, item) < 0) {
                 Py_XDECREF(key);
                 Py_XDECREF(item);
@@ -979,45 +1013,45 @@ static void sha1_hex(const unsigned char *data, Py_ssize_t len, char hex[40]) {
    decide: 0; a Python error (memory): -1. See canonical_line for `shallow`. */
 /* Parse the line, write its canonical bytes (`out`) and their SHA-1 (`hex`): the top-level
    object's node, or -2 when the Python path must decide, or -1 on a Python error. */
-static Py_ssize_t parse_line(const unsigned char *s, Py_ssize_t len, char hex[40]) {
+static Py_ssize_t parse_line(Scratch *cx, const unsigned char *s, Py_ssize_t len, char hex[40]) {
     Line l = {s, len, 0};
-    line_bytes = s;
-    n_nodes = n_kids = n_pending = n_out = n_keybuf = 0;
-    if (grow((void **)&keybuf, &cap_keybuf, len + 1, 1) < 0) {
+    cx->line_bytes = s;
+    cx->n_nodes = cx->n_kids = cx->n_pending = cx->n_out = cx->n_keybuf = 0;
+    if (grow((void **)&cx->keybuf, &cx->cap_keybuf, len + 1, 1) < 0) {
         PyErr_NoMemory();
         return -1;
     }
     skip_ws(&l);
     if (l.i >= l.n || l.s[l.i] != '{')
         return -2;
-    Py_ssize_t top = parse_value(&l, 1);
+    Py_ssize_t top = parse_value(cx, &l, 1);
     if (top < 0)
         return PyErr_Occurred() ? -1 : -2;
     skip_ws(&l);
     if (l.i != l.n)
         return -2;
-    if (emit(top) < 0)
+    if (emit(cx, top) < 0)
         return PyErr_Occurred() ? -1 : -2;
-    sha1_hex(out, n_out, hex);
+    sha1_hex(cx->out, cx->n_out, hex);
     return top;
 }
 
 /* The parsed line's record (a dict), canonical bytes and SHA-1 hex (see canonical_line for
    `shallow`): 1, or -1 on a Python error. */
-static int build_record(Py_ssize_t top, const char hex[40], PyObject *shallow, PyObject **record_out,
+static int build_record(Scratch *cx, Py_ssize_t top, const char hex[40], PyObject *shallow, PyObject **record_out,
                         PyObject **canonical_out, PyObject **digest_out) {
-    PyObject *canonical = PyBytes_FromStringAndSize((const char *)out, n_out);
+    PyObject *canonical = PyBytes_FromStringAndSize((const char *)cx->out, cx->n_out);
     PyObject *digest = PyUnicode_FromStringAndSize(hex, 40);
     PyObject *record = PyDict_New();
     if (canonical == NULL || digest == NULL || record == NULL)
         goto fail;
     int any_shallow = PySet_GET_SIZE(shallow) > 0;
-    for (Py_ssize_t m = 0; m < nodes[top].len; m++) {
-        Py_ssize_t at = nodes[top].start + 2 * m;
-        Node *k = &nodes[kids[at]];
-        PyObject *key = key_of(k);
+    for (Py_ssize_t m = 0; m < cx->nodes[top].len; m++) {
+        Py_ssize_t at = cx->nodes[top].start + 2 * m;
+        Node *k = &cx->nodes[cx->kids[at]];
+        PyObject *key = key_of(cx, k);
         if (key == NULL && !PyErr_Occurred())
-            key = string_of(k);
+            key = string_of(cx, k);
         if (key == NULL)
             goto fail;
         int is_shallow = any_shallow ? PySet_Contains(shallow, key) : 0;
@@ -1025,10 +1059,10 @@ static int build_record(Py_ssize_t top, const char hex[40], PyObject *shallow, P
         if (is_shallow < 0) {
             item = NULL;
         } else if (is_shallow) {
-            item = nodes[kids[at + 1]].kind == N_NULL ? Py_None : Py_Ellipsis;
+            item = cx->nodes[cx->kids[at + 1]].kind == N_NULL ? Py_None : Py_Ellipsis;
             Py_INCREF(item);
         } else {
-            item = value_of(kids[at + 1]);
+            item = value_of(cx, cx->kids[at + 1]);
         }
         if (item == NULL || PyDict_SetItem(record, key, item) < 0) {
             Py_DECREF(key);
@@ -1051,13 +1085,13 @@ fail:
 
 /* The line's record, canonical bytes and SHA-1 hex: 1; the Python path must decide: 0; a
    Python error (memory): -1. */
-static int read_line(const unsigned char *s, Py_ssize_t len, PyObject *shallow, PyObject **record_out,
+static int read_line(Scratch *cx, const unsigned char *s, Py_ssize_t len, PyObject *shallow, PyObject **record_out,
                      PyObject **canonical_out, PyObject **digest_out) {
     char hex[40];
-    Py_ssize_t top = parse_line(s, len, hex);
+    Py_ssize_t top = parse_line(cx, s, len, hex);
     if (top < 0)
         return top == -1 ? -1 : 0;
-    return build_record(top, hex, shallow, record_out, canonical_out, digest_out);
+    return build_record(cx, top, hex, shallow, record_out, canonical_out, digest_out);
 }
 
 /* ---- the entry points ---------------------------------------------------------- */
@@ -1075,7 +1109,9 @@ static PyObject *canonical_line(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*O!", &buf, &PyFrozenSet_Type, &shallow))
         return NULL;
     PyObject *record, *canonical, *digest;
-    int got = read_line((const unsigned char *)buf.buf, buf.len, shallow, &record, &canonical, &digest);
+    Scratch scratch = {0}, *cx = &scratch;
+    int got = read_line(cx, (const unsigned char *)buf.buf, buf.len, shallow, &record, &canonical, &digest);
+    scratch_free(cx);
     PyBuffer_Release(&buf);
     if (got < 0)
         return NULL;
@@ -1155,61 +1191,57 @@ static int plain_id(PyObject *ext_id) {
 #define MAX_DIRECT_COLUMNS 1600      /* PostgreSQL's own column limit */
 #define FLOAT32_LIMIT 3.4028234663852886e38
 
-static unsigned char *row;
-static Py_ssize_t n_row, cap_row;
-static Py_ssize_t col_node[MAX_DIRECT_COLUMNS];
-
-static inline int row_reserve(Py_ssize_t more) {
-    if (grow((void **)&row, &cap_row, n_row + more, 1) < 0) {
+static inline int row_reserve(Scratch *cx, Py_ssize_t more) {
+    if (grow((void **)&cx->row, &cx->cap_row, cx->n_row + more, 1) < 0) {
         PyErr_NoMemory();
         return -1;
     }
     return 0;
 }
 
-static inline void put_u16(uint16_t v) {
-    row[n_row++] = (unsigned char)(v >> 8);
-    row[n_row++] = (unsigned char)v;
+static inline void put_u16(Scratch *cx, uint16_t v) {
+    cx->row[cx->n_row++] = (unsigned char)(v >> 8);
+    cx->row[cx->n_row++] = (unsigned char)v;
 }
 
-static inline void put_u32(uint32_t v) {
+static inline void put_u32(Scratch *cx, uint32_t v) {
     for (int b = 3; b >= 0; b--)
-        row[n_row++] = (unsigned char)(v >> (8 * b));
+        cx->row[cx->n_row++] = (unsigned char)(v >> (8 * b));
 }
 
-static inline void put_u64(uint64_t v) {
+static inline void put_u64(Scratch *cx, uint64_t v) {
     for (int b = 7; b >= 0; b--)
-        row[n_row++] = (unsigned char)(v >> (8 * b));
+        cx->row[cx->n_row++] = (unsigned char)(v >> (8 * b));
 }
 
-static int put_bytes(const void *data, Py_ssize_t len) {
-    if (row_reserve(4 + len) < 0)
+static int put_bytes(Scratch *cx, const void *data, Py_ssize_t len) {
+    if (row_reserve(cx, 4 + len) < 0)
         return -1;
-    put_u32((uint32_t)len);
-    memcpy(row + n_row, data, (size_t)len);
-    n_row += len;
+    put_u32(cx, (uint32_t)len);
+    memcpy(cx->row + cx->n_row, data, (size_t)len);
+    cx->n_row += len;
     return 0;
 }
 
-static int put_null(void) {
-    if (row_reserve(4) < 0)
+static int put_null(Scratch *cx) {
+    if (row_reserve(cx, 4) < 0)
         return -1;
-    put_u32(0xFFFFFFFFu);
+    put_u32(cx, 0xFFFFFFFFu);
     return 0;
 }
 
-static int put_i64(int64_t v) {
-    if (row_reserve(12) < 0)
+static int put_i64(Scratch *cx, int64_t v) {
+    if (row_reserve(cx, 12) < 0)
         return -1;
-    put_u32(8);
-    put_u64((uint64_t)v);
+    put_u32(cx, 8);
+    put_u64(cx, (uint64_t)v);
     return 0;
 }
 
-static int put_f64(double x) {
+static int put_f64(Scratch *cx, double x) {
     uint64_t bits;
     memcpy(&bits, &x, 8);
-    return put_i64((int64_t)bits);
+    return put_i64(cx, (int64_t)bits);
 }
 
 /* An integer token of at most `max_digits` digits (no more than 18): 1 and its value; else 0. */
@@ -1225,8 +1257,8 @@ static int token_int(const unsigned char *s, Py_ssize_t len, Py_ssize_t max_digi
 }
 
 /* A number node as the float64 Arrow makes of it (a float, or an int exact in a double): 1; else 0. */
-static int number_value(Node *v, double *x) {
-    const unsigned char *s = line_bytes + v->start;
+static int number_value(Scratch *cx, Node *v, double *x) {
+    const unsigned char *s = cx->line_bytes + v->start;
     if (v->kind == N_INT) {
         int64_t i;
         if (!token_int(s, v->len, 15, &i))
@@ -1312,76 +1344,76 @@ static int timestamp_us(const unsigned char *s, Py_ssize_t n, int64_t *us) {
 }
 
 /* One typed value into the row: 1; not sure: 0; Python error: -1. */
-static int put_value(char kind, Py_ssize_t node, Py_ssize_t dim) {
-    Node *v = &nodes[node];
-    const unsigned char *s = line_bytes + v->start;
+static int put_value(Scratch *cx, char kind, Py_ssize_t node, Py_ssize_t dim) {
+    Node *v = &cx->nodes[node];
+    const unsigned char *s = cx->line_bytes + v->start;
     switch (kind) {
     case 's': /* string -> text */
         if (v->kind != N_STR)
             return 0;
         if (v->plain)
-            return put_bytes(s, v->len) < 0 ? -1 : 1;
-        if (ensure_text(v->len) < 0) {
+            return put_bytes(cx, s, v->len) < 0 ? -1 : 1;
+        if (ensure_text(cx, v->len) < 0) {
             PyErr_NoMemory();
             return -1;
         }
-        Py_ssize_t got = decode_string(s, v->len, text);
+        Py_ssize_t got = decode_string(s, v->len, cx->text);
         if (got < 0)
             return 0;
-        return put_bytes(text, got) < 0 ? -1 : 1;
+        return put_bytes(cx, cx->text, got) < 0 ? -1 : 1;
     case 'i': /* int -> integer */
     case 'l': { /* long -> bigint */
         int64_t x;
         if (v->kind != N_INT || !token_int(s, v->len, 18, &x))
             return 0;
         if (kind == 'l')
-            return put_i64(x) < 0 ? -1 : 1;
-        if (x < INT32_MIN || x > INT32_MAX || row_reserve(8) < 0)
+            return put_i64(cx, x) < 0 ? -1 : 1;
+        if (x < INT32_MIN || x > INT32_MAX || row_reserve(cx, 8) < 0)
             return x < INT32_MIN || x > INT32_MAX ? 0 : -1;
-        put_u32(4);
-        put_u32((uint32_t)(int32_t)x);
+        put_u32(cx, 4);
+        put_u32(cx, (uint32_t)(int32_t)x);
         return 1;
     }
     case 'r': { /* real -> double precision */
         double x;
-        if (!number_value(v, &x))
+        if (!number_value(cx, v, &x))
             return 0;
-        return put_f64(x) < 0 ? -1 : 1;
+        return put_f64(cx, x) < 0 ? -1 : 1;
     }
     case 'b': /* bool -> boolean */
         if (v->kind != N_TRUE && v->kind != N_FALSE)
             return 0;
-        if (row_reserve(5) < 0)
+        if (row_reserve(cx, 5) < 0)
             return -1;
-        put_u32(1);
-        row[n_row++] = v->kind == N_TRUE;
+        put_u32(cx, 1);
+        cx->row[cx->n_row++] = v->kind == N_TRUE;
         return 1;
     case 't': { /* timestamp -> timestamp with time zone */
         int64_t us;
         if (v->kind != N_STR || !v->plain || !timestamp_us(s, v->len, &us))
             return 0;
-        return put_i64(us) < 0 ? -1 : 1;
+        return put_i64(cx, us) < 0 ? -1 : 1;
     }
     case 'v': { /* vector(dim) -> real[] */
         if (v->kind != N_ARR || v->len != dim)
             return 0;
-        if (row_reserve(4 + 20 + 8 * dim) < 0)
+        if (row_reserve(cx, 4 + 20 + 8 * dim) < 0)
             return -1;
-        put_u32((uint32_t)(20 + 8 * dim));
-        put_u32(1);   /* dimensions */
-        put_u32(0);   /* no nulls */
-        put_u32(700); /* float4 */
-        put_u32((uint32_t)dim);
-        put_u32(1); /* lower bound */
+        put_u32(cx, (uint32_t)(20 + 8 * dim));
+        put_u32(cx, 1);   /* dimensions */
+        put_u32(cx, 0);   /* no nulls */
+        put_u32(cx, 700); /* float4 */
+        put_u32(cx, (uint32_t)dim);
+        put_u32(cx, 1); /* lower bound */
         for (Py_ssize_t e = 0; e < dim; e++) {
             double x;
-            if (!number_value(&nodes[kids[v->start + e]], &x) || !(fabs(x) <= FLOAT32_LIMIT))
+            if (!number_value(cx, &cx->nodes[cx->kids[v->start + e]], &x) || !(fabs(x) <= FLOAT32_LIMIT))
                 return 0;
             float f = (float)x;
             uint32_t bits;
             memcpy(&bits, &f, 4);
-            put_u32(4);
-            put_u32(bits);
+            put_u32(cx, 4);
+            put_u32(cx, bits);
         }
         return 1;
     }
@@ -1461,10 +1493,10 @@ static PyObject *plan_attr(PyObject *held, PyObject *obj, const char *owner, con
 
 /* "owner['key']" into buf, for error messages. */
 static void route_owner(char *buf, size_t size, const char *owner, PyObject *key) {
-    const char *text = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
-    if (text == NULL)
+    const char *name_text = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+    if (name_text == NULL)
         PyErr_Clear();
-    snprintf(buf, size, "%s['%.80s']", owner, text ? text : "?");
+    snprintf(buf, size, "%s['%.80s']", owner, name_text ? name_text : "?");
 }
 
 static int read_route(PyObject *held, PyObject *key, PyObject *plan, Route *r) {
@@ -1563,13 +1595,13 @@ static int read_direct_route(PyObject *held, PyObject *key, PyObject *plan, Dire
 }
 
 /* A str-or-None attribute's UTF-8 (NULL for None); -1 on error. */
-static int attr_text(PyObject *value, const char **text, Py_ssize_t *len) {
-    *text = NULL;
+static int attr_text(PyObject *value, const char **utf8, Py_ssize_t *len) {
+    *utf8 = NULL;
     *len = 0;
     if (value == Py_None)
         return 0;
-    *text = PyUnicode_AsUTF8AndSize(value, len);
-    return *text == NULL ? -1 : 0;
+    *utf8 = PyUnicode_AsUTF8AndSize(value, len);
+    return *utf8 == NULL ? -1 : 0;
 }
 
 static int read_direct(Batch *b, PyObject *plan, Py_ssize_t lines) {
@@ -1720,41 +1752,38 @@ static DirectRoute *find_direct_route(Direct *dx, PyObject *record_type) {
     return NULL;
 }
 
-static int same_key(Node *k, const char *name, Py_ssize_t len) {
-    return name != NULL && k->len == len && memcmp(line_bytes + k->start, name, (size_t)len) == 0;
+static int same_key(Scratch *cx, Node *k, const char *name, Py_ssize_t len) {
+    return name != NULL && k->len == len && memcmp(cx->line_bytes + k->start, name, (size_t)len) == 0;
 }
-
-static unsigned char *keytext;
-static Py_ssize_t cap_keytext;
 
 /* The parsed record `top` (line i) as a direct row: 1 (staged, or counted as a repeat);
    not sure: 0 (the dict path takes it); Python error: -1. */
-static int direct_row(Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40]) {
+static int direct_row(Scratch *cx, Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40]) {
     Direct *dx = &b->dx;
     PyObject *fixed_type = b->fixed_type, *connector = b->connector, *seen_keys = b->seen_keys;
-    Node *obj = &nodes[top];
+    Node *obj = &cx->nodes[top];
     Py_ssize_t type_node = -1, id_node = -1;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
-        Node *k = &nodes[kids[obj->start + 2 * m]];
+        Node *k = &cx->nodes[cx->kids[obj->start + 2 * m]];
         if (!k->plain)
             return 0;
-        if (same_key(k, dx->version_name, dx->version_len))
+        if (same_key(cx, k, dx->version_name, dx->version_len))
             return 0; /* a stated schema version: the dict path checks it */
-        if (same_key(k, dx->type_name, dx->type_len))
-            type_node = kids[obj->start + 2 * m + 1];
-        if (same_key(k, dx->id_name, dx->id_len))
-            id_node = kids[obj->start + 2 * m + 1];
+        if (same_key(cx, k, dx->type_name, dx->type_len))
+            type_node = cx->kids[obj->start + 2 * m + 1];
+        if (same_key(cx, k, dx->id_name, dx->id_len))
+            id_node = cx->kids[obj->start + 2 * m + 1];
     }
-    if (id_node < 0 || nodes[id_node].kind != N_STR || !nodes[id_node].plain || nodes[id_node].len == 0)
+    if (id_node < 0 || cx->nodes[id_node].kind != N_STR || !cx->nodes[id_node].plain || cx->nodes[id_node].len == 0)
         return 0;
     PyObject *record_type;
     if (fixed_type != Py_None) {
         record_type = fixed_type;
         Py_INCREF(record_type);
     } else {
-        if (type_node < 0 || nodes[type_node].kind != N_STR)
+        if (type_node < 0 || cx->nodes[type_node].kind != N_STR)
             return 0;
-        record_type = key_of(&nodes[type_node]);
+        record_type = key_of(cx, &cx->nodes[type_node]);
         if (record_type == NULL)
             return PyErr_Occurred() ? -1 : 0;
     }
@@ -1768,10 +1797,15 @@ static int direct_row(Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, con
     PyObject *fields = route->fields, *rows = route->rows, *keys = route->keys, *ends = route->ends;
     Py_ssize_t ncols = route->ncols, emitted = route->emitted;
     const char *kind = route->kinds, *need = route->need;
+    if (grow((void **)&cx->col_node, &cx->cap_col_node, ncols + 1, sizeof(Py_ssize_t)) < 0) {
+        PyErr_NoMemory();
+        status = -1;
+        goto done;
+    }
     for (Py_ssize_t c = 0; c < ncols; c++)
-        col_node[c] = -1;
+        cx->col_node[c] = -1;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
-        PyObject *name = key_of(&nodes[kids[obj->start + 2 * m]]);
+        PyObject *name = key_of(cx, &cx->nodes[cx->kids[obj->start + 2 * m]]);
         if (name == NULL) {
             status = PyErr_Occurred() ? -1 : 0;
             goto done;
@@ -1793,7 +1827,7 @@ static int direct_row(Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, con
             goto done;
         }
         if (c >= 0 && c < ncols)
-            col_node[c] = kids[obj->start + 2 * m + 1];
+            cx->col_node[c] = cx->kids[obj->start + 2 * m + 1];
     }
     /* The key, as records.py makes it: <namespace>:<type>:<ext id>:<sha1[:12]>. */
     Py_ssize_t ns_len, type_len;
@@ -1803,25 +1837,25 @@ static int direct_row(Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, con
         status = -1;
         goto done;
     }
-    Node *id = &nodes[id_node];
+    Node *id = &cx->nodes[id_node];
     Py_ssize_t key_len = ns_len + 1 + type_len + 1 + id->len + 1 + 12;
-    if (grow((void **)&keytext, &cap_keytext, key_len, 1) < 0) {
+    if (grow((void **)&cx->keytext, &cx->cap_keytext, key_len, 1) < 0) {
         PyErr_NoMemory();
         status = -1;
         goto done;
     }
-    unsigned char *kt = keytext;
+    unsigned char *kt = cx->keytext;
     memcpy(kt, ns, (size_t)ns_len);
     kt += ns_len;
     *kt++ = ':';
     memcpy(kt, type_text, (size_t)type_len);
     kt += type_len;
     *kt++ = ':';
-    memcpy(kt, line_bytes + id->start, (size_t)id->len);
+    memcpy(kt, cx->line_bytes + id->start, (size_t)id->len);
     kt += id->len;
     *kt++ = ':';
     memcpy(kt, hex, 12);
-    key = PyUnicode_DecodeUTF8((const char *)keytext, key_len, NULL);
+    key = PyUnicode_DecodeUTF8((const char *)cx->keytext, key_len, NULL);
     if (key == NULL) {
         status = -1;
         goto done;
@@ -1829,49 +1863,49 @@ static int direct_row(Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, con
     if (PyUnicode_GET_LENGTH(key) > b->max_key)
         goto done;
     /* The row: 11 staged system columns, then the typed ones. */
-    n_row = 0;
-    if (row_reserve(2) < 0) {
+    cx->n_row = 0;
+    if (row_reserve(cx, 2) < 0) {
         status = -1;
         goto done;
     }
-    put_u16((uint16_t)(11 + emitted));
+    put_u16(cx, (uint16_t)(11 + emitted));
     if (dx->units[i] < 0 || dx->units[i] >= PyList_GET_SIZE(dx->prefixes))
         goto done; /* no prefix for its unit: the Arrow path says what that means */
     PyObject *prefix = PyList_GET_ITEM(dx->prefixes, dx->units[i]);
     char number[24];
     int digits = snprintf(number, sizeof number, "%lld", (long long)dx->offsets[i]);
-    if (put_i64(dx->pos[i]) < 0 || put_bytes(keytext, key_len) < 0 || put_bytes(line_bytes + id->start, id->len) < 0 ||
-        put_bytes(hex, 40) < 0 || row_reserve(4 + PyBytes_GET_SIZE(prefix) + digits) < 0) {
+    if (put_i64(cx, dx->pos[i]) < 0 || put_bytes(cx, cx->keytext, key_len) < 0 || put_bytes(cx, cx->line_bytes + id->start, id->len) < 0 ||
+        put_bytes(cx, hex, 40) < 0 || row_reserve(cx, 4 + PyBytes_GET_SIZE(prefix) + digits) < 0) {
         status = -1;
         goto done;
     }
-    put_u32((uint32_t)(PyBytes_GET_SIZE(prefix) + digits)); /* _source */
-    memcpy(row + n_row, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix));
-    n_row += PyBytes_GET_SIZE(prefix);
-    memcpy(row + n_row, number, (size_t)digits);
-    n_row += digits;
+    put_u32(cx, (uint32_t)(PyBytes_GET_SIZE(prefix) + digits)); /* _source */
+    memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix));
+    cx->n_row += PyBytes_GET_SIZE(prefix);
+    memcpy(cx->row + cx->n_row, number, (size_t)digits);
+    cx->n_row += digits;
     /* _payload: jsonb version 1, then the line as received (DESIGN 4: PostgreSQL reads its
        numbers as numeric, exactly; the canonical text's went through doubles). A line end or
        other JSON whitespace in it is whitespace to jsonb too. */
     Py_ssize_t raw_len = PyBytes_GET_SIZE(raw);
     if (raw_len >= 0x7FFFFFFF)
         goto done;
-    if (row_reserve(5 + raw_len + 5 * 4) < 0) {
+    if (row_reserve(cx, 5 + raw_len + 5 * 4) < 0) {
         status = -1;
         goto done;
     }
-    put_u32((uint32_t)(1 + raw_len));
-    row[n_row++] = 1;
-    memcpy(row + n_row, PyBytes_AS_STRING(raw), (size_t)raw_len);
-    n_row += raw_len;
+    put_u32(cx, (uint32_t)(1 + raw_len));
+    cx->row[cx->n_row++] = 1;
+    memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(raw), (size_t)raw_len);
+    cx->n_row += raw_len;
     for (int c = 0; c < 5; c++) /* _extra, _props, _meta, _version, _upgraded */
-        put_u32(0xFFFFFFFFu);
+        put_u32(cx, 0xFFFFFFFFu);
     for (Py_ssize_t c = 0; c < ncols; c++) {
-        Py_ssize_t node = col_node[c];
-        if (node < 0 || nodes[node].kind == N_NULL) {
+        Py_ssize_t node = cx->col_node[c];
+        if (node < 0 || cx->nodes[node].kind == N_NULL) {
             if (need[c])
                 goto done; /* required: the dict path words the reject */
-            if (kind[c] != 'd' && put_null() < 0) {
+            if (kind[c] != 'd' && put_null(cx) < 0) {
                 status = -1;
                 goto done;
             }
@@ -1879,7 +1913,7 @@ static int direct_row(Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, con
         }
         if (kind[c] == 'd')
             continue; /* dynamic: PostgreSQL takes it from _payload */
-        int put = put_value(kind[c], node, route->dims[c]);
+        int put = put_value(cx, kind[c], node, route->dims[c]);
         if (put <= 0) {
             status = put;
             goto done;
@@ -1899,12 +1933,12 @@ static int direct_row(Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, con
         }
     }
     Py_ssize_t had = PyByteArray_GET_SIZE(rows);
-    if (PyByteArray_Resize(rows, had + n_row) < 0 || PyList_Append(keys, key) < 0) {
+    if (PyByteArray_Resize(rows, had + cx->n_row) < 0 || PyList_Append(keys, key) < 0) {
         status = -1;
         goto done;
     }
-    memcpy(PyByteArray_AS_STRING(rows) + had, row, (size_t)n_row);
-    status = append_steal(ends, PyLong_FromSsize_t(had + n_row)) < 0 ? -1 : 1;
+    memcpy(PyByteArray_AS_STRING(rows) + had, cx->row, (size_t)cx->n_row);
+    status = append_steal(ends, PyLong_FromSsize_t(had + cx->n_row)) < 0 ? -1 : 1;
 done:
     Py_XDECREF(key);
     Py_DECREF(record_type);
@@ -1977,13 +2011,13 @@ static int has_unknown_field(PyObject *record, Route *route) {
 
 /* The repeat memories of a new row: its key and line point at its row until settled. 1 (a
    new row), 2 (a repeat, counted), -1 (a Python error). */
-static int remember_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *key, Py_ssize_t row) {
+static int remember_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *key, Py_ssize_t out_row) {
     PyObject *known = PyDict_GetItemWithError(b->seen_keys, key);
     if (known != NULL)
         return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 2;
     if (PyErr_Occurred())
         return -1;
-    PyObject *at = PyLong_FromSsize_t(row);
+    PyObject *at = PyLong_FromSsize_t(out_row);
     if (at == NULL || PyDict_SetItem(b->seen_keys, key, at) < 0 || PyDict_SetItem(b->seen_lines, raw, at) < 0 ||
         append_steal(b->fresh, PyTuple_Pack(3, raw, key, at)) < 0) {
         Py_XDECREF(at);
@@ -1996,9 +2030,9 @@ static int remember_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *key, Py
 /* The row's output columns, and its table's row and record (a strict table notes the
    unknown fields of its local index: after the row is the table's). 1, or -1. */
 static int append_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *record, PyObject *record_type, Route *route,
-                      PyObject *key, PyObject *ext_id, PyObject *digest, int has_unknown, Py_ssize_t row) {
+                      PyObject *key, PyObject *ext_id, PyObject *digest, int has_unknown, Py_ssize_t out_row) {
     PyObject *unknown = NULL;
-    if (append_steal(route->rows, PyLong_FromSsize_t(row)) < 0 || PyList_Append(route->records, record) < 0)
+    if (append_steal(route->rows, PyLong_FromSsize_t(out_row)) < 0 || PyList_Append(route->records, record) < 0)
         return -1;
     if (has_unknown) {
         unknown = PyObject_CallFunctionObjArgs(b->on_unknown, route->table, record, record_type, NULL);
@@ -2042,31 +2076,31 @@ static int dict_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *record, PyO
     PyObject *key = PyUnicode_FromFormat("%U:%U:%U:%.12s", b->connector, record_type, ext_id, PyUnicode_AsUTF8(digest));
     if (key == NULL)
         return -1;
-    Py_ssize_t row = PyList_GET_SIZE(b->out_input);
-    ok = PyUnicode_GET_LENGTH(key) > b->max_key ? 0 : b->repeats ? remember_row(b, i, raw, key, row) : 1;
+    Py_ssize_t out_row = PyList_GET_SIZE(b->out_input);
+    ok = PyUnicode_GET_LENGTH(key) > b->max_key ? 0 : b->repeats ? remember_row(b, i, raw, key, out_row) : 1;
     if (ok == 1)
-        ok = append_row(b, i, raw, record, record_type, route, key, ext_id, digest, has_unknown, row);
+        ok = append_row(b, i, raw, record, record_type, route, key, ext_id, digest, has_unknown, out_row);
     Py_DECREF(key);
     return ok;
 }
 
 /* Line i: 1 (taken: a row, a direct row or a counted repeat), 0 (the Python loop decides),
    -1 (a Python error). */
-static int coerce_one(Batch *b, Py_ssize_t i, PyObject *raw) {
+static int coerce_one(Scratch *cx, Batch *b, Py_ssize_t i, PyObject *raw) {
     int gate = line_gate(b, i, raw);
     if (gate != 2)
         return gate;
     char hex[40];
-    Py_ssize_t top = parse_line((const unsigned char *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), hex);
+    Py_ssize_t top = parse_line(cx, (const unsigned char *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), hex);
     if (top < 0)
         return top == -1 ? -1 : 0;
     if (b->use_direct) {
-        int taken = direct_row(b, top, i, raw, hex);
+        int taken = direct_row(cx, b, top, i, raw, hex);
         if (taken != 0)
             return taken;
     }
     PyObject *record, *canonical, *digest;
-    if (build_record(top, hex, b->shallow, &record, &canonical, &digest) < 0)
+    if (build_record(cx, top, hex, b->shallow, &record, &canonical, &digest) < 0)
         return -1;
     int ok = dict_row(b, i, raw, record, digest);
     Py_DECREF(record);
@@ -2081,6 +2115,7 @@ static PyObject *coerce_lines(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(raws);
     Batch b = {0};
+    Scratch scratch = {0}, *cx = &scratch;
     if ((b.held = PyList_New(0)) == NULL || read_plan(&b, plan, n) < 0) {
         free_plan(&b);
         return NULL;
@@ -2093,7 +2128,7 @@ static PyObject *coerce_lines(PyObject *self, PyObject *args) {
         }
         PyObject *raw = PyList_GET_ITEM(raws, i);
         Py_INCREF(raw); /* Python code may run (on_unknown): the line stays ours */
-        int taken = coerce_one(&b, i, raw);
+        int taken = coerce_one(cx, &b, i, raw);
         Py_DECREF(raw);
         if (taken < 0)
             goto done;
@@ -2106,6 +2141,7 @@ static PyObject *coerce_lines(PyObject *self, PyObject *args) {
     }
     result = Py_NewRef(Py_None);
 done:
+    scratch_free(cx);
     free_plan(&b);
     return result;
 }
