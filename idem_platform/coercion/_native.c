@@ -916,6 +916,32 @@ static PyObject *string_of(Scratch *cx, Node *v) {
     return PyUnicode_DecodeUTF8((const char *)cx->text, got, NULL);
 }
 
+/* JSON values are trees: a list or dict built here can only be part of a reference cycle
+   through a container it holds. One whose items are all untracked (str, numbers, None,
+   bools, or containers untracked the same way) is untracked from the cyclic garbage
+   collector, as CPython does itself for such tuples and dicts: the collector then neither
+   walks a batch's records nor runs its full passes for them (which a batch of records kept
+   until their columns are converted otherwise triggers every few thousand records). Memory
+   safe either way: the collector only ever skips an untracked object, and reference
+   counting frees it. A dict re-tracks itself if a container is put into it later. */
+static void untrack_list(PyObject *list) {
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(list); k++)
+        if (PyObject_GC_IsTracked(PyList_GET_ITEM(list, k)))
+            return;
+    PyObject_GC_UnTrack(list);
+}
+
+/* A dict's values (its keys are str): untracked when none of them is tracked. */
+static void untrack_dict(PyObject *dict) {
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value))
+        if (PyObject_GC_IsTracked(value))
+            return;
+    if (PyObject_GC_IsTracked(dict))
+        PyObject_GC_UnTrack(dict);
+}
+
 static PyObject *int_of(const unsigned char *s, Py_ssize_t len) {
     if (len <= 18) {
         long long x = 0;
@@ -964,6 +990,7 @@ static PyObject *value_of(Scratch *cx, Py_ssize_t node) {
             }
             PyList_SET_ITEM(list, e, item);
         }
+        untrack_list(list);
         return list;
     }
     default: {
@@ -986,6 +1013,7 @@ static PyObject *value_of(Scratch *cx, Py_ssize_t node) {
             Py_DECREF(key);
             Py_DECREF(item);
         }
+        untrack_dict(dict);
         return dict;
     }
     }
@@ -1072,6 +1100,7 @@ static int build_record(Scratch *cx, Py_ssize_t top, const char hex[40], PyObjec
         Py_DECREF(key);
         Py_DECREF(item);
     }
+    untrack_dict(record);
     *record_out = record;
     *canonical_out = canonical;
     *digest_out = digest;

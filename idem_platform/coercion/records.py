@@ -18,12 +18,10 @@ list, set only on rejects) and ``_raw`` (only on rejects).
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,29 +290,6 @@ class RepeatedLines:
             self.unique = False
 
 
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for a batch (if it is on; process-wide).
-
-    A batch keeps every parsed record (a dict of lists and dicts) until its columns
-    are converted: tens of thousands of live containers, which the collector's
-    generation 0 and 1 passes walk again every 700 allocations and its full passes
-    re-scan as they grow. Parsing a threat-feed line and keeping it cost 4.2 µs with
-    the collector on and 1.3 µs with it off (orjson, this machine): about a fifth of
-    all the per-record Python. Parsed JSON holds no reference cycles, so reference
-    counting frees it all the same; the collector is switched back on at the end,
-    and left alone if something else had switched it off.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 class DirectRows:
     """Rows the C path wrote straight into PostgreSQL's binary COPY format, per record type.
 
@@ -430,8 +405,7 @@ def coerce_batch(
     With ``direct`` (the commit path, when :func:`direct_supported`), the ordinary
     records go to ``direct`` as staging rows instead of into the returned batch.
     """
-    with cyclic_gc_paused():
-        return _coerce_batch(batch, spec, repeats, direct if direct is not None and direct_supported(spec) else None)
+    return _coerce_batch(batch, spec, repeats, direct if direct is not None and direct_supported(spec) else None)
 
 
 def _coerce_batch(
