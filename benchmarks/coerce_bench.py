@@ -1,6 +1,6 @@
 """Per-record CPU cost of ``coerce_batch`` in process, on its three paths.
 
-    python benchmarks/coerce_bench.py [--records 200000] [--batch 10000] [--runs 7] [--gc-paused]
+    python benchmarks/coerce_bench.py [--records 200000] [--batch 10000] [--runs 7] [--gc-paused] [--json]
 
 The threat-feed lines of ``idem_platform.samples`` (10% exact repeats), in batches shaped
 like the file-drop reader's, coerced with the commit path's spec (Spark types, ``dynamic``
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import sys
@@ -82,6 +83,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--gc-paused", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print every run's µs/record as JSON instead")
     args = parser.parse_args()
     spec = commit_spec()
     chunks = batches(args.records, args.batch)
@@ -90,6 +92,9 @@ def main() -> int:
     for _ in range(args.runs):
         for path in paths:
             seconds[path].append(run(path, spec, chunks, gc_paused=args.gc_paused))
+    if args.json:
+        print(json.dumps({path: [s / args.records * 1e6 for s in runs] for path, runs in seconds.items()}))
+        return 0
     for path in paths:
         per = [s / args.records * 1e6 for s in seconds[path]]
         print(f"{path:7s} µs/record  min {min(per):6.2f}  median {statistics.median(per):6.2f}")

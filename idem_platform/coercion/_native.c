@@ -1785,13 +1785,10 @@ static int same_key(Scratch *cx, Node *k, const char *name, Py_ssize_t len) {
     return name != NULL && k->len == len && memcmp(cx->line_bytes + k->start, name, (size_t)len) == 0;
 }
 
-/* The parsed record `top` (line i) as a direct row: 1 (staged, or counted as a repeat);
-   not sure: 0 (the dict path takes it); Python error: -1. */
-static int direct_row(Scratch *cx, Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40]) {
-    Direct *dx = &b->dx;
-    PyObject *fixed_type = b->fixed_type, *connector = b->connector, *seen_keys = b->seen_keys;
-    Node *obj = &cx->nodes[top];
-    Py_ssize_t type_node = -1, id_node = -1;
+/* The record's id and record-type nodes (-1: none), its keys all plain and no schema version
+   stated: 1; else 0 (the dict path checks it). */
+static int direct_fields(Scratch *cx, Direct *dx, Node *obj, Py_ssize_t *type_node, Py_ssize_t *id_node) {
+    *type_node = *id_node = -1;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
         Node *k = &cx->nodes[cx->kids[obj->start + 2 * m]];
         if (!k->plain)
@@ -1799,79 +1796,58 @@ static int direct_row(Scratch *cx, Batch *b, Py_ssize_t top, Py_ssize_t i, PyObj
         if (same_key(cx, k, dx->version_name, dx->version_len))
             return 0; /* a stated schema version: the dict path checks it */
         if (same_key(cx, k, dx->type_name, dx->type_len))
-            type_node = cx->kids[obj->start + 2 * m + 1];
+            *type_node = cx->kids[obj->start + 2 * m + 1];
         if (same_key(cx, k, dx->id_name, dx->id_len))
-            id_node = cx->kids[obj->start + 2 * m + 1];
+            *id_node = cx->kids[obj->start + 2 * m + 1];
     }
-    if (id_node < 0 || cx->nodes[id_node].kind != N_STR || !cx->nodes[id_node].plain || cx->nodes[id_node].len == 0)
-        return 0;
-    PyObject *record_type;
-    if (fixed_type != Py_None) {
-        record_type = fixed_type;
-        Py_INCREF(record_type);
-    } else {
-        if (type_node < 0 || cx->nodes[type_node].kind != N_STR)
-            return 0;
-        record_type = key_of(cx, &cx->nodes[type_node]);
-        if (record_type == NULL)
-            return PyErr_Occurred() ? -1 : 0;
-    }
-    int status = 0;
-    PyObject *key = NULL;
-    DirectRoute *route = find_direct_route(dx, record_type);
-    if (route == NULL) {
-        status = PyErr_Occurred() ? -1 : 0;
-        goto done;
-    }
-    PyObject *fields = route->fields, *rows = route->rows, *keys = route->keys, *ends = route->ends;
-    Py_ssize_t ncols = route->ncols, emitted = route->emitted;
-    const char *kind = route->kinds, *need = route->need;
-    if (grow((void **)&cx->col_node, &cx->cap_col_node, ncols + 1, sizeof(Py_ssize_t)) < 0) {
+    Node *id = *id_node < 0 ? NULL : &cx->nodes[*id_node];
+    return id != NULL && id->kind == N_STR && id->plain && id->len > 0;
+}
+
+/* Each column's value node (col_node, -1: missing): 1; an unknown field (unless the table
+   drops them): 0; -1 on a Python error. */
+static int direct_columns(Scratch *cx, DirectRoute *route, Node *obj) {
+    if (grow((void **)&cx->col_node, &cx->cap_col_node, route->ncols + 1, sizeof(Py_ssize_t)) < 0) {
         PyErr_NoMemory();
-        status = -1;
-        goto done;
+        return -1;
     }
-    for (Py_ssize_t c = 0; c < ncols; c++)
+    for (Py_ssize_t c = 0; c < route->ncols; c++)
         cx->col_node[c] = -1;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
         PyObject *name = key_of(cx, &cx->nodes[cx->kids[obj->start + 2 * m]]);
-        if (name == NULL) {
-            status = PyErr_Occurred() ? -1 : 0;
-            goto done;
-        }
-        PyObject *at = PyDict_GetItemWithError(fields, name);
+        if (name == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        PyObject *at = PyDict_GetItemWithError(route->fields, name);
         Py_DECREF(name);
         if (at == NULL) {
-            if (PyErr_Occurred()) {
-                status = -1;
-                goto done;
-            }
+            if (PyErr_Occurred())
+                return -1;
             if (route->drop_unknown)
                 continue;
-            goto done; /* an unknown field: _extra and _props, or a strict reject */
+            return 0; /* an unknown field: _extra and _props, or a strict reject */
         }
         Py_ssize_t c = PyLong_AsSsize_t(at);
-        if (c == -1 && PyErr_Occurred()) {
-            status = -1;
-            goto done;
-        }
-        if (c >= 0 && c < ncols)
+        if (c == -1 && PyErr_Occurred())
+            return -1;
+        if (c >= 0 && c < route->ncols)
             cx->col_node[c] = cx->kids[obj->start + 2 * m + 1];
     }
-    /* The key, as records.py makes it: <namespace>:<type>:<ext id>:<sha1[:12]>. */
+    return 1;
+}
+
+/* The key, as records.py makes it: <namespace>:<type>:<ext id>:<sha1[:12]>, into keytext (its
+   length in *key_len) and *key: 1; longer than max_key: 0; -1 on a Python error. */
+static int direct_key(Scratch *cx, Batch *b, PyObject *record_type, Node *id, const char hex[40], PyObject **key,
+                      Py_ssize_t *key_len) {
     Py_ssize_t ns_len, type_len;
-    const char *ns = PyUnicode_AsUTF8AndSize(connector, &ns_len);
+    const char *ns = PyUnicode_AsUTF8AndSize(b->connector, &ns_len);
     const char *type_text = ns ? PyUnicode_AsUTF8AndSize(record_type, &type_len) : NULL;
-    if (type_text == NULL) {
-        status = -1;
-        goto done;
-    }
-    Node *id = &cx->nodes[id_node];
-    Py_ssize_t key_len = ns_len + 1 + type_len + 1 + id->len + 1 + 12;
-    if (grow((void **)&cx->keytext, &cx->cap_keytext, key_len, 1) < 0) {
+    if (type_text == NULL)
+        return -1;
+    *key_len = ns_len + 1 + type_len + 1 + id->len + 1 + 12;
+    if (grow((void **)&cx->keytext, &cx->cap_keytext, *key_len, 1) < 0) {
         PyErr_NoMemory();
-        status = -1;
-        goto done;
+        return -1;
     }
     unsigned char *kt = cx->keytext;
     memcpy(kt, ns, (size_t)ns_len);
@@ -1884,30 +1860,28 @@ static int direct_row(Scratch *cx, Batch *b, Py_ssize_t top, Py_ssize_t i, PyObj
     kt += id->len;
     *kt++ = ':';
     memcpy(kt, hex, 12);
-    key = PyUnicode_DecodeUTF8((const char *)cx->keytext, key_len, NULL);
-    if (key == NULL) {
-        status = -1;
-        goto done;
-    }
-    if (PyUnicode_GET_LENGTH(key) > b->max_key)
-        goto done;
-    /* The row: 11 staged system columns, then the typed ones. */
+    *key = PyUnicode_DecodeUTF8((const char *)cx->keytext, *key_len, NULL);
+    if (*key == NULL)
+        return -1;
+    return PyUnicode_GET_LENGTH(*key) <= b->max_key;
+}
+
+/* The row's field count and its 11 staged system columns: 1; not sure: 0; -1 on a Python error. */
+static int direct_system(Scratch *cx, Direct *dx, Py_ssize_t i, PyObject *raw, Node *id, const char hex[40],
+                         Py_ssize_t key_len, Py_ssize_t emitted) {
     cx->n_row = 0;
-    if (row_reserve(cx, 2) < 0) {
-        status = -1;
-        goto done;
-    }
+    if (row_reserve(cx, 2) < 0)
+        return -1;
     put_u16(cx, (uint16_t)(11 + emitted));
     if (dx->units[i] < 0 || dx->units[i] >= PyList_GET_SIZE(dx->prefixes))
-        goto done; /* no prefix for its unit: the Arrow path says what that means */
+        return 0; /* no prefix for its unit: the Arrow path says what that means */
     PyObject *prefix = PyList_GET_ITEM(dx->prefixes, dx->units[i]);
     char number[24];
     int digits = snprintf(number, sizeof number, "%lld", (long long)dx->offsets[i]);
-    if (put_i64(cx, dx->pos[i]) < 0 || put_bytes(cx, cx->keytext, key_len) < 0 || put_bytes(cx, cx->line_bytes + id->start, id->len) < 0 ||
-        put_bytes(cx, hex, 40) < 0 || row_reserve(cx, 4 + PyBytes_GET_SIZE(prefix) + digits) < 0) {
-        status = -1;
-        goto done;
-    }
+    if (put_i64(cx, dx->pos[i]) < 0 || put_bytes(cx, cx->keytext, key_len) < 0 ||
+        put_bytes(cx, cx->line_bytes + id->start, id->len) < 0 || put_bytes(cx, hex, 40) < 0 ||
+        row_reserve(cx, 4 + PyBytes_GET_SIZE(prefix) + digits) < 0)
+        return -1;
     put_u32(cx, (uint32_t)(PyBytes_GET_SIZE(prefix) + digits)); /* _source */
     memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix));
     cx->n_row += PyBytes_GET_SIZE(prefix);
@@ -1918,57 +1892,90 @@ static int direct_row(Scratch *cx, Batch *b, Py_ssize_t top, Py_ssize_t i, PyObj
        other JSON whitespace in it is whitespace to jsonb too. */
     Py_ssize_t raw_len = PyBytes_GET_SIZE(raw);
     if (raw_len >= 0x7FFFFFFF)
-        goto done;
-    if (row_reserve(cx, 5 + raw_len + 5 * 4) < 0) {
-        status = -1;
-        goto done;
-    }
+        return 0;
+    if (row_reserve(cx, 5 + raw_len + 5 * 4) < 0)
+        return -1;
     put_u32(cx, (uint32_t)(1 + raw_len));
     cx->row[cx->n_row++] = 1;
     memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(raw), (size_t)raw_len);
     cx->n_row += raw_len;
     for (int c = 0; c < 5; c++) /* _extra, _props, _meta, _version, _upgraded */
         put_u32(cx, 0xFFFFFFFFu);
-    for (Py_ssize_t c = 0; c < ncols; c++) {
+    return 1;
+}
+
+/* The typed columns (dynamic ones are PostgreSQL's, from _payload): 1; not sure: 0; -1. */
+static int direct_typed(Scratch *cx, DirectRoute *route) {
+    for (Py_ssize_t c = 0; c < route->ncols; c++) {
         Py_ssize_t node = cx->col_node[c];
+        char kind = route->kinds[c];
         if (node < 0 || cx->nodes[node].kind == N_NULL) {
-            if (need[c])
-                goto done; /* required: the dict path words the reject */
-            if (kind[c] != 'd' && put_null(cx) < 0) {
-                status = -1;
-                goto done;
-            }
+            if (route->need[c])
+                return 0; /* required: the dict path words the reject */
+            if (kind != 'd' && put_null(cx) < 0)
+                return -1;
             continue;
         }
-        if (kind[c] == 'd')
-            continue; /* dynamic: PostgreSQL takes it from _payload */
-        int put = put_value(cx, kind[c], node, route->dims[c]);
-        if (put <= 0) {
-            status = put;
-            goto done;
-        }
+        if (kind == 'd')
+            continue;
+        int put = put_value(cx, kind, node, route->dims[c]);
+        if (put <= 0)
+            return put;
     }
-    if (seen_keys != Py_None) {
-        PyObject *known = PyDict_GetItemWithError(seen_keys, key);
-        if (known != NULL) {
-            status = note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 1;
-            goto done;
-        }
+    return 1;
+}
+
+/* The finished row into its type's buffers, unless it repeats a row of the task (counted):
+   1, or -1 on a Python error. */
+static int direct_keep(Scratch *cx, Batch *b, DirectRoute *route, Py_ssize_t i, PyObject *raw, PyObject *key,
+                       PyObject *record_type) {
+    if (b->seen_keys != Py_None) {
+        PyObject *known = PyDict_GetItemWithError(b->seen_keys, key);
+        if (known != NULL)
+            return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 1;
         /* A direct row is good for sure: its memory entries are final (no settle needed). */
-        if (PyErr_Occurred() || PyDict_SetItem(seen_keys, key, record_type) < 0 ||
-            PyDict_SetItem(b->seen_lines, raw, record_type) < 0) {
-            status = -1;
-            goto done;
-        }
+        if (PyErr_Occurred() || PyDict_SetItem(b->seen_keys, key, record_type) < 0 ||
+            PyDict_SetItem(b->seen_lines, raw, record_type) < 0)
+            return -1;
     }
-    Py_ssize_t had = PyByteArray_GET_SIZE(rows);
-    if (PyByteArray_Resize(rows, had + cx->n_row) < 0 || PyList_Append(keys, key) < 0) {
-        status = -1;
-        goto done;
+    Py_ssize_t had = PyByteArray_GET_SIZE(route->rows);
+    if (PyByteArray_Resize(route->rows, had + cx->n_row) < 0 || PyList_Append(route->keys, key) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(route->rows) + had, cx->row, (size_t)cx->n_row);
+    return append_steal(route->ends, PyLong_FromSsize_t(had + cx->n_row)) < 0 ? -1 : 1;
+}
+
+/* The parsed record `top` (line i) as a direct row: 1 (staged, or counted as a repeat);
+   not sure: 0 (the dict path takes it); Python error: -1. */
+static int direct_row(Scratch *cx, Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40]) {
+    Direct *dx = &b->dx;
+    Node *obj = &cx->nodes[top];
+    Py_ssize_t type_node, id_node;
+    if (!direct_fields(cx, dx, obj, &type_node, &id_node))
+        return 0;
+    PyObject *record_type = b->fixed_type;
+    if (record_type != Py_None) {
+        Py_INCREF(record_type);
+    } else {
+        if (type_node < 0 || cx->nodes[type_node].kind != N_STR)
+            return 0;
+        record_type = key_of(cx, &cx->nodes[type_node]);
+        if (record_type == NULL)
+            return PyErr_Occurred() ? -1 : 0;
     }
-    memcpy(PyByteArray_AS_STRING(rows) + had, cx->row, (size_t)cx->n_row);
-    status = append_steal(ends, PyLong_FromSsize_t(had + cx->n_row)) < 0 ? -1 : 1;
-done:
+    PyObject *key = NULL;
+    Py_ssize_t key_len = 0;
+    Node *id = &cx->nodes[id_node];
+    DirectRoute *route = find_direct_route(dx, record_type);
+    int status = route == NULL ? (PyErr_Occurred() ? -1 : 0) : direct_columns(cx, route, obj);
+    if (status > 0)
+        status = direct_key(cx, b, record_type, id, hex, &key, &key_len);
+    if (status > 0)
+        status = direct_system(cx, dx, i, raw, id, hex, key_len, route->emitted);
+    if (status > 0)
+        status = direct_typed(cx, route);
+    if (status > 0)
+        status = direct_keep(cx, b, route, i, raw, key, record_type);
     Py_XDECREF(key);
     Py_DECREF(record_type);
     return status;

@@ -445,6 +445,21 @@ class _Outputs:
         self.props: list[str | None] = []
         self.errors: list[str | None] = []
 
+    def append_row(
+        self, i: int, record_type: str, key: str, ext_id: str, digest: str, raw: bytes, extra: str | None, props: str | None
+    ) -> None:
+        """A good row of input ``i``; ``_payload`` is the line as received (jsonb keeps its
+        numbers exactly), not the canonical form."""
+        self.input.append(i)
+        self.type.append(record_type)
+        self.key.append(key)
+        self.ext.append(ext_id)
+        self.hash.append(digest)
+        self.payload.append(raw)
+        self.extra.append(extra)
+        self.props.append(props)
+        self.errors.append(None)
+
     def reject(self, i: int, errors: str) -> None:
         """A reject row of input ``i`` with ``errors`` (JSON): nulls but its reasons."""
         self.input.append(i)
@@ -501,14 +516,18 @@ class _Batch:
 
 def _line_loop(state: _Batch) -> Callable[[int], None]:
     """The per-line loop's body, ``take(i)``: line ``i`` becomes a row, a reject or a counted
-    repeat (or nothing: a blank line of a file). A closure over the batch's locals, since the
-    Python path calls it for every line and the C path for every line it declines."""
-    spec, raws, out, repeats = state.spec, state.raws, state.out, state.repeats
-    lines = spec.lines
+    repeat (or nothing: a blank line of a file). Closures over the batch's values (here and in
+    the steps' factories), since the Python path calls it for every line and the C path for
+    every line it declines: a closure's free variables cost what locals do, attributes more."""
+    raws, out, repeats = state.raws, state.out, state.repeats
+    lines = state.spec.lines
     seen_lines: dict[bytes, str | int] = repeats.seen if repeats is not None else {}
     repeated_in_batch = state.repeated_in_batch
+    checked, identify, keep = _record_checker(state), _identifier(state), _row_keeper(state)
+    dumps = json.dumps
 
     def take(i: int) -> None:
+        """Line ``i``: skipped if blank, counted if it repeats a line, else a row or a reject."""
         raw = raws[i]
         blank = not raw or raw.isspace()
         if blank:
@@ -523,127 +542,138 @@ def _line_loop(state: _Batch) -> Callable[[int], None]:
                     repeats.count(known)  # the record type of a line committed earlier
                 return
         try:
-            record, canonical = _checked_record(state, i, raw, blank)
-            record_type, digest, ext_id = _identify(state, i, record, canonical)
+            record, canonical = checked(i, raw, blank)
+            record_type, digest, ext_id = identify(i, record, canonical)
         except _Reject as reject:
-            out.reject(i, json.dumps(reject.errors, ensure_ascii=False))
+            out.reject(i, dumps(reject.errors, ensure_ascii=False))
             return
-        _keep_row(state, i, raw, record, record_type, digest, ext_id)  # type: ignore[arg-type]  # parsed: bytes
+        keep(i, raw, record, record_type, digest, ext_id)  # type: ignore[arg-type]  # parsed: bytes
 
     return take
 
 
-def _checked_record(state: _Batch, i: int, raw: bytes | None, blank: bool) -> tuple[dict[str, Any], bytes]:
-    """Line ``i`` parsed, with its canonical bytes; or the reject every check of the
-    contract words (no value, blank, too long, not JSON, not an object, NUL, a lone
-    surrogate, a repeated key). The definition the C path agrees with."""
-    noun = state.spec.noun
-    if blank or raw is None:
-        if raw is None:
-            raise _line_error("no_value", f"{noun} has no value (null: a tombstone or a deletion marker)")
-        raise _line_error("blank", f"{noun} is blank")
-    if i in state.too_long:
-        raise _line_error(
-            "too_long",
-            f"{noun} is {int(state.raw_lengths[i])} bytes long; the limit is {state.spec.max_line_bytes} (max_line_bytes)",
-        )
-    try:
-        # Trailing "\r\n" is JSON whitespace: no need to strip it first.
-        record, canonical = parse_and_canonicalize(raw)
-    except InvalidJSON as exc:
-        raise _line_error("json", f"{noun} is not valid JSON: {exc}") from None
-    if type(record) is not dict:
-        raise _line_error("not_object", f"{noun} is {json_kind(record)}, not a JSON object")
-    # Both escapes start with a backslash, which most records' canonical form lacks:
-    # ``92 in`` is a memchr, a bytes needle a slower search (~0.5 µs each).
-    if 92 in canonical:
-        if _NUL_ESCAPE in canonical and has_nul(record):
-            raise _line_error("nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store")
-        if _SURROGATE_ESCAPE in canonical and (lone := _lone_surrogate(record)) is not None:
+def _record_checker(state: _Batch) -> Callable[[int, bytes | None, bool], tuple[dict[str, Any], bytes]]:
+    """``checked(i, raw, blank)``: line ``i`` parsed, with its canonical bytes; or the reject
+    every check of the contract words (no value, blank, too long, not JSON, not an object,
+    NUL, a lone surrogate, a repeated key). The definition the C path agrees with."""
+    noun, too_long, raw_lengths, limit = state.spec.noun, state.too_long, state.raw_lengths, state.spec.max_line_bytes
+
+    def checked(i: int, raw: bytes | None, blank: bool) -> tuple[dict[str, Any], bytes]:
+        if blank or raw is None:
+            if raw is None:
+                raise _line_error("no_value", f"{noun} has no value (null: a tombstone or a deletion marker)")
+            raise _line_error("blank", f"{noun} is blank")
+        if i in too_long:
             raise _line_error(
-                "surrogate",
-                f"record contains a lone surrogate (\\u{ord(lone):04x}): not Unicode text, which "
-                "PostgreSQL cannot store",
+                "too_long", f"{noun} is {int(raw_lengths[i])} bytes long; the limit is {limit} (max_line_bytes)"
             )
-    # repeated_key's first test, widened to any backslash and inlined: a call per
-    # record would cost as much as the counts; ``92 in`` is a memchr, ``b"\\" in`` not.
-    if raw.count(58) != canonical.count(58) or 92 in raw:  # ":" and "\"
-        repeated = repeated_key(raw, canonical)
-        if repeated is not None:
-            raise _repeated_key_error(repeated)
-    return record, canonical
+        try:
+            # Trailing "\r\n" is JSON whitespace: no need to strip it first.
+            record, canonical = parse_and_canonicalize(raw)
+        except InvalidJSON as exc:
+            raise _line_error("json", f"{noun} is not valid JSON: {exc}") from None
+        if type(record) is not dict:
+            raise _line_error("not_object", f"{noun} is {json_kind(record)}, not a JSON object")
+        # Both escapes start with a backslash, which most records' canonical form lacks:
+        # ``92 in`` is a memchr, a bytes needle a slower search (~0.5 µs each).
+        if 92 in canonical:
+            if _NUL_ESCAPE in canonical and has_nul(record):
+                raise _line_error("nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store")
+            if _SURROGATE_ESCAPE in canonical and (lone := _lone_surrogate(record)) is not None:
+                raise _line_error(
+                    "surrogate",
+                    f"record contains a lone surrogate (\\u{ord(lone):04x}): not Unicode text, which "
+                    "PostgreSQL cannot store",
+                )
+        # repeated_key's first test, widened to any backslash and inlined: a call per
+        # record would cost as much as the counts; ``92 in`` is a memchr, ``b"\\" in`` not.
+        if raw.count(58) != canonical.count(58) or 92 in raw:  # ":" and "\"
+            repeated = repeated_key(raw, canonical)
+            if repeated is not None:
+                raise _repeated_key_error(repeated)
+        return record, canonical
+
+    return checked
 
 
-def _identify(state: _Batch, i: int, record: dict[str, Any], canonical: bytes) -> tuple[str, str, str]:
-    """A parsed record's ``(record type, SHA-1 of its canonical bytes, external id)``, its
-    upgrade noted in ``state.upgraded`` if it is older than its table; or the reject
-    (record type, id, schema version, migration)."""
-    spec = state.spec
-    if spec.record_type is not None:
-        record_type = spec.record_type
-    else:
-        routed = record.get(spec.record_type_field)  # type: ignore[arg-type]  # _route says why it is None
-        if type(routed) is str and routed in state.tables:
-            record_type = routed
+def _identifier(state: _Batch) -> Callable[[int, dict[str, Any], bytes], tuple[str, str, str]]:
+    """``identify(i, record, canonical)``: a parsed record's ``(record type, SHA-1 of its
+    canonical bytes, external id)``, its upgrade noted in ``state.upgraded`` if it is older
+    than its table; or the reject (record type, id, schema version, migration)."""
+    spec, tables, currents, upgraded, units, offsets = (
+        state.spec, state.tables, state.currents, state.upgraded, state.units, state.offsets
+    )
+    fixed_type, type_field, id_field, missing_id = spec.record_type, spec.record_type_field, spec.id_field, spec.missing_id
+    version_field, declared = spec.version_field, spec.declared_version
+    prefixes = [prefix for prefix, _ in spec.units]
+    sha1 = hashlib.sha1
+
+    def identify(i: int, record: dict[str, Any], canonical: bytes) -> tuple[str, str, str]:
+        if fixed_type is not None:
+            record_type = fixed_type
         else:
-            record_type = _route(record, spec.record_type_field, state.tables)  # raises the precise reject
-    digest = hashlib.sha1(canonical).hexdigest()
-    ext_id = record.get(spec.id_field)
-    if type(ext_id) is not str or not ext_id:  # numbers, missing or empty ids, objects: the exact rules
-        source = f"{spec.units[state.units[i]][0]}{state.offsets[i]}"
-        ext_id = _ext_id(record, spec.id_field, spec.missing_id, source, digest)
-    declared, current = spec.declared_version, state.currents[record_type]
-    version = record.get(spec.version_field, declared)  # current records: this lookup is all they pay
-    if version is not None:
-        if type(version) is not int or version != current:
-            state.upgraded[i] = _upgrade(record, record_type, version, current, spec)
-    elif declared is not None:  # "schema_version": null states nothing: the connector's
-        state.upgraded[i] = _upgrade(record, record_type, declared, current, spec)
-    return record_type, digest, ext_id
-
-
-def _keep_row(
-    state: _Batch, i: int, raw: bytes, record: dict[str, Any], record_type: str, digest: str, ext_id: str
-) -> None:
-    """A good record's row: its key, then (unless it repeats a row of the task, which is only
-    counted) its table's record and its output columns."""
-    spec, out, repeats = state.spec, state.out, state.repeats
-    key = f"{spec.connector}:{record_type}:{ext_id}:{digest[:12]}"
-    if len(key) > MAX_KEY_LENGTH or not (ext_id.isascii() and ext_id.isprintable()):
-        key = record_key(spec.connector, record_type, ext_id, digest)  # hashes an unsafe ext_id
-    row = len(out.input)
-    if repeats is not None:
-        known = repeats.keys.get(key)
-        if known is not None:
-            if isinstance(known, int):
-                state.repeated_in_batch.append((i, known))
+            routed = record.get(type_field)  # type: ignore[arg-type]  # _route says why it is None
+            if type(routed) is str and routed in tables:
+                record_type = routed
             else:
-                repeats.count(known)
-            return
-        repeats.keys[key] = row
-        if spec.missing_id == "position" and record.get(spec.id_field) in (None, ""):
-            state.fresh.append((None, key, row))
+                record_type = _route(record, type_field, tables)  # raises the precise reject
+        digest = sha1(canonical).hexdigest()
+        ext_id = record.get(id_field)
+        if type(ext_id) is not str or not ext_id:  # numbers, missing or empty ids, objects: the exact rules
+            source = f"{prefixes[units[i]]}{offsets[i]}"
+            ext_id = _ext_id(record, id_field, missing_id, source, digest)
+        version = record.get(version_field, declared)  # current records: this lookup is all they pay
+        if version is not None:
+            if type(version) is not int or version != currents[record_type]:
+                upgraded[i] = _upgrade(record, record_type, version, currents[record_type], spec)
+        elif declared is not None:  # "schema_version": null states nothing: the connector's
+            upgraded[i] = _upgrade(record, record_type, declared, currents[record_type], spec)
+        return record_type, digest, ext_id
+
+    return identify
+
+
+def _row_keeper(state: _Batch) -> Callable[[int, bytes, dict[str, Any], str, str, str], None]:
+    """``keep(i, raw, record, record type, digest, ext id)``: a good record's row: its key, then
+    (unless it repeats a row of the task, which is only counted) its table's record and its
+    output columns."""
+    spec, out, repeats, tables, upgraded = state.spec, state.out, state.repeats, state.tables, state.upgraded
+    connector, id_field, positional_ids = spec.connector, spec.id_field, spec.missing_id == "position"
+    seen_lines: dict[bytes, str | int] = repeats.seen if repeats is not None else {}
+    seen_keys: dict[str, str | int] = repeats.keys if repeats is not None else {}
+    repeated_in_batch, fresh = state.repeated_in_batch, state.fresh
+
+    def keep(i: int, raw: bytes, record: dict[str, Any], record_type: str, digest: str, ext_id: str) -> None:
+        key = f"{connector}:{record_type}:{ext_id}:{digest[:12]}"
+        if len(key) > MAX_KEY_LENGTH or not (ext_id.isascii() and ext_id.isprintable()):
+            key = record_key(connector, record_type, ext_id, digest)  # hashes an unsafe ext_id
+        row = len(out.input)
+        if repeats is not None:
+            known = seen_keys.get(key)
+            if known is not None:
+                if isinstance(known, int):
+                    repeated_in_batch.append((i, known))
+                else:
+                    repeats.count(known)
+                return
+            seen_keys[key] = row
+            if positional_ids and record.get(id_field) in (None, ""):
+                fresh.append((None, key, row))
+            else:
+                seen_lines[raw] = row
+                fresh.append((raw, key, row))
+        if upgraded and i in upgraded:
+            record = upgraded[i][1]  # coerced in the current shape; _payload stays as received
+        table = tables[record_type]
+        table.rows.append(row)
+        table.records.append(record)
+        if table.contract != DROP and not record.keys() <= table.skip:  # unknown fields: rare, only they cost
+            extra, props = table.unknown_fields(record, record_type)
         else:
-            repeats.seen[raw] = row
-            state.fresh.append((raw, key, row))
-    if state.upgraded and i in state.upgraded:
-        record = state.upgraded[i][1]  # coerced in the current shape; _payload stays as received
-    table = state.tables[record_type]
-    table.rows.append(row)
-    table.records.append(record)
-    if table.contract != DROP and not record.keys() <= table.skip:  # unknown fields: rare, only they cost
-        extra, props = table.unknown_fields(record, record_type)
-    else:
-        extra = props = None
-    out.extra.append(extra)
-    out.props.append(props)
-    out.input.append(i)
-    out.type.append(record_type)
-    out.key.append(key)
-    out.ext.append(ext_id)
-    out.hash.append(digest)
-    out.payload.append(raw)  # as received (jsonb keeps its numbers exactly), not the canonical form
-    out.errors.append(None)
+            extra = props = None
+        out.append_row(i, record_type, key, ext_id, digest, raw, extra, props)
+
+    return keep
 
 
 def _convert_tables(state: _Batch) -> dict[str, list[pa.Array]]:
