@@ -13,14 +13,24 @@ surrogates, repeated keys, non-finite floats, huge integers, numbers PostgreSQL'
 numeric cannot hold as ``_payload`` keeps them, deep nesting), a record type, id,
 schema version or key that is not the plain kind, unknown fields.
 So the Python loop stays the definition; the C path is a shortcut that must agree
-with it byte for byte, which ``idem_platform_tests/test_native.py`` checks on
+with it byte for byte, which ``idem_platform_tests/coercion/test_native.py`` checks on
 generated records and the spec vectors.
 
 On the commit path it goes one step further (``DirectRows`` in
 :mod:`~idem_platform.coercion.records`): an ordinary record whose every value is of the
 plain kind becomes its staging row in PostgreSQL's binary COPY format straight from the
 line, with no Python object, Arrow array or pgpq pass at all; the Arrow path would stage
-the same bytes, which ``idem_platform_tests/test_direct_rows.py`` checks in PostgreSQL.
+the same bytes, which ``idem_platform_tests/coercion/test_direct_rows.py`` checks in PostgreSQL.
+
+The boundary is a typed plan (:class:`BatchPlan` and its parts, built in one place,
+``records._batch_plan``), which the C path reads by attribute name and checks once per
+batch: a wrong or incomplete plan is a ``TypeError`` or ``ValueError`` naming the attribute.
+One call per batch takes the records it is sure of and hands each other one, in input
+order, to the Python loop (``BatchPlan.decline``). The C module keeps no buffer of its own
+between calls (each call has its scratch), so a call made while another runs, from a
+collector callback or another thread, is safe; and it untracks the JSON trees it builds
+from the cyclic garbage collector (they cannot hold cycles), so a batch's kept records do
+not set off the collector's full passes.
 
 ``IDEM_NATIVE=0`` in the environment turns it off (the Python path alone).
 """

@@ -445,21 +445,6 @@ class _Outputs:
         self.props: list[str | None] = []
         self.errors: list[str | None] = []
 
-    def append_row(
-        self, i: int, record_type: str, key: str, ext_id: str, digest: str, raw: bytes, extra: str | None, props: str | None
-    ) -> None:
-        """A good row of input ``i``; ``_payload`` is the line as received (jsonb keeps its
-        numbers exactly), not the canonical form."""
-        self.input.append(i)
-        self.type.append(record_type)
-        self.key.append(key)
-        self.ext.append(ext_id)
-        self.hash.append(digest)
-        self.payload.append(raw)
-        self.extra.append(extra)
-        self.props.append(props)
-        self.errors.append(None)
-
     def reject(self, i: int, errors: str) -> None:
         """A reject row of input ``i`` with ``errors`` (JSON): nulls but its reasons."""
         self.input.append(i)
@@ -638,16 +623,21 @@ def _row_keeper(state: _Batch) -> Callable[[int, bytes, dict[str, Any], str, str
     (unless it repeats a row of the task, which is only counted) its table's record and its
     output columns."""
     spec, out, repeats, tables, upgraded = state.spec, state.out, state.repeats, state.tables, state.upgraded
+    out_input = out.input
     connector, id_field, positional_ids = spec.connector, spec.id_field, spec.missing_id == "position"
     seen_lines: dict[bytes, str | int] = repeats.seen if repeats is not None else {}
     seen_keys: dict[str, str | int] = repeats.keys if repeats is not None else {}
     repeated_in_batch, fresh = state.repeated_in_batch, state.fresh
+    add_input, add_type, add_key, add_ext, add_hash = (
+        out.input.append, out.type.append, out.key.append, out.ext.append, out.hash.append
+    )
+    add_payload, add_extra, add_props, add_errors = out.payload.append, out.extra.append, out.props.append, out.errors.append
 
     def keep(i: int, raw: bytes, record: dict[str, Any], record_type: str, digest: str, ext_id: str) -> None:
         key = f"{connector}:{record_type}:{ext_id}:{digest[:12]}"
         if len(key) > MAX_KEY_LENGTH or not (ext_id.isascii() and ext_id.isprintable()):
             key = record_key(connector, record_type, ext_id, digest)  # hashes an unsafe ext_id
-        row = len(out.input)
+        row = len(out_input)
         if repeats is not None:
             known = seen_keys.get(key)
             if known is not None:
@@ -671,7 +661,15 @@ def _row_keeper(state: _Batch) -> Callable[[int, bytes, dict[str, Any], str, str
             extra, props = table.unknown_fields(record, record_type)
         else:
             extra = props = None
-        out.append_row(i, record_type, key, ext_id, digest, raw, extra, props)
+        add_input(i)
+        add_type(record_type)
+        add_key(key)
+        add_ext(ext_id)
+        add_hash(digest)
+        add_payload(raw)  # as received (jsonb keeps its numbers exactly), not the canonical form
+        add_extra(extra)
+        add_props(props)
+        add_errors(None)
 
     return keep
 
