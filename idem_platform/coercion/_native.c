@@ -18,10 +18,9 @@
  * shorter string names the same double); every other float goes through
  * PyOS_double_to_string(x, 'r'), which is what float.__repr__ calls.
  *
- * Scratch buffers are module-level and reused by every call. That is safe because the
- * GIL is held throughout, except inside coerce_lines' on_unknown callback (Python code,
- * where another thread may run): by then the record's buffers have become Python
- * objects, and the next record starts them afresh.
+ * Reentrant: every buffer written at run time lives in the call's own Scratch (see there),
+ * so Python code run from a call (on_unknown, decline), another thread, or a nested call
+ * never shares one. What stays at module level is read-only after module init.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -52,19 +51,41 @@ typedef struct {
     Py_ssize_t n, i;
 } Line;
 
-/* Growable scratch arrays, reused across calls. */
-static Node *nodes;
-static Py_ssize_t n_nodes, cap_nodes;
-static Py_ssize_t *kids;
-static Py_ssize_t n_kids, cap_kids;
-static Py_ssize_t *pending;
-static Py_ssize_t n_pending, cap_pending;
-static unsigned char *out;
-static Py_ssize_t n_out, cap_out;
-static unsigned char *keybuf; /* decoded (unescaped UTF-8) keys of the line; never longer than the line */
-static Py_ssize_t n_keybuf, cap_keybuf;
-static unsigned char *text; /* one decoded string value */
-static Py_ssize_t cap_text;
+typedef struct Member Member;
+typedef struct KeySlot KeySlot;
+
+/* One call's scratch: growable arrays reused from line to line of the call, and the cache of
+   its object keys. Each entry point has its own, on its stack, freed when it returns: nothing
+   the module keeps is written at run time, so a call (or another thread's, while Python code
+   run from a call has released the GIL) never sees another's buffers. The module-level
+   tables (SPECIAL, HEX, POW10, DAYS, DIRECT_KINDS) are constants, SPECIAL filled once at
+   module init and only read after. */
+typedef struct {
+    Node *nodes;
+    Py_ssize_t n_nodes, cap_nodes;
+    Py_ssize_t *kids;
+    Py_ssize_t n_kids, cap_kids;
+    Py_ssize_t *pending;
+    Py_ssize_t n_pending, cap_pending;
+    unsigned char *out; /* the line's canonical bytes */
+    Py_ssize_t n_out, cap_out;
+    unsigned char *keybuf; /* decoded (unescaped UTF-8) keys of the line; never longer than the line */
+    Py_ssize_t n_keybuf, cap_keybuf;
+    unsigned char *text; /* one decoded string value */
+    Py_ssize_t cap_text;
+    Member *members; /* the keys of the objects being written, nested runs stacked */
+    Py_ssize_t cap_members, used;
+    const unsigned char *line_bytes; /* the line being read */
+    KeySlot *key_slots;              /* allocated on the first key, NULL until then */
+    unsigned char *row;              /* one direct row */
+    Py_ssize_t n_row, cap_row;
+    Py_ssize_t *col_node; /* per column of the direct row's table: its value's node, or -1 */
+    Py_ssize_t cap_col_node;
+    unsigned char *keytext; /* one direct row's idempotency key */
+    Py_ssize_t cap_keytext;
+} Scratch;
+
+static void scratch_free(Scratch *cx);
 
 static int grow(void **buf, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
     if (need <= *cap)
@@ -80,32 +101,32 @@ static int grow(void **buf, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
     return 0;
 }
 
-static Py_ssize_t new_node(uint8_t kind) {
-    if (grow((void **)&nodes, &cap_nodes, n_nodes + 1, sizeof(Node)) < 0)
+static Py_ssize_t new_node(Scratch *cx, uint8_t kind) {
+    if (grow((void **)&cx->nodes, &cx->cap_nodes, cx->n_nodes + 1, sizeof(Node)) < 0)
         return -1;
-    nodes[n_nodes].kind = kind;
-    nodes[n_nodes].plain = 0;
-    nodes[n_nodes].start = 0;
-    nodes[n_nodes].len = 0;
-    return n_nodes++;
+    cx->nodes[cx->n_nodes].kind = kind;
+    cx->nodes[cx->n_nodes].plain = 0;
+    cx->nodes[cx->n_nodes].start = 0;
+    cx->nodes[cx->n_nodes].len = 0;
+    return cx->n_nodes++;
 }
 
-static int push_pending(Py_ssize_t v) {
-    if (grow((void **)&pending, &cap_pending, n_pending + 1, sizeof(Py_ssize_t)) < 0)
+static int push_pending(Scratch *cx, Py_ssize_t v) {
+    if (grow((void **)&cx->pending, &cx->cap_pending, cx->n_pending + 1, sizeof(Py_ssize_t)) < 0)
         return -1;
-    pending[n_pending++] = v;
+    cx->pending[cx->n_pending++] = v;
     return 0;
 }
 
 /* The children gathered since `mark` become one contiguous run of kids. */
-static Py_ssize_t close_container(Py_ssize_t mark) {
-    Py_ssize_t count = n_pending - mark;
-    if (grow((void **)&kids, &cap_kids, n_kids + count, sizeof(Py_ssize_t)) < 0)
+static Py_ssize_t close_container(Scratch *cx, Py_ssize_t mark) {
+    Py_ssize_t count = cx->n_pending - mark;
+    if (grow((void **)&cx->kids, &cx->cap_kids, cx->n_kids + count, sizeof(Py_ssize_t)) < 0)
         return -1;
-    Py_ssize_t first = n_kids;
-    memcpy(kids + n_kids, pending + mark, (size_t)count * sizeof(Py_ssize_t));
-    n_kids += count;
-    n_pending = mark;
+    Py_ssize_t first = cx->n_kids;
+    memcpy(cx->kids + cx->n_kids, cx->pending + mark, (size_t)count * sizeof(Py_ssize_t));
+    cx->n_kids += count;
+    cx->n_pending = mark;
     return first;
 }
 
@@ -128,7 +149,8 @@ static inline int hex_value(unsigned char c) {
     return (c | 0x20) - 'a' + 10;
 }
 
-/* Bytes a string token's scan stops at: the quote, a backslash, controls, DEL and non-ASCII. */
+/* Bytes a string token's scan stops at: the quote, a backslash, controls, DEL and non-ASCII.
+   Filled once at module init (init_special), read-only after. */
 static unsigned char SPECIAL[256];
 
 static void init_special(void) {
@@ -138,7 +160,7 @@ static void init_special(void) {
 
 /* A string token (l->i at its opening quote): syntax only; escapes and UTF-8 are
    checked when it is decoded. */
-static Py_ssize_t parse_string(Line *l) {
+static Py_ssize_t parse_string(Scratch *cx, Line *l) {
     const unsigned char *s = l->s;
     Py_ssize_t i = l->i + 1, start = i;
     uint8_t plain = 1;
@@ -173,12 +195,12 @@ static Py_ssize_t parse_string(Line *l) {
             plain = 0;
         i++;
     }
-    Py_ssize_t node = new_node(N_STR);
+    Py_ssize_t node = new_node(cx, N_STR);
     if (node < 0)
         return -1;
-    nodes[node].plain = plain;
-    nodes[node].start = start;
-    nodes[node].len = i - start;
+    cx->nodes[node].plain = plain;
+    cx->nodes[node].start = start;
+    cx->nodes[node].len = i - start;
     l->i = i + 1;
     return node;
 }
@@ -193,7 +215,7 @@ static inline int skip_digits(const unsigned char *s, Py_ssize_t n, Py_ssize_t *
     return any;
 }
 
-static Py_ssize_t parse_number(Line *l) {
+static Py_ssize_t parse_number(Scratch *cx, Line *l) {
     const unsigned char *s = l->s;
     Py_ssize_t i = l->i, start = i, n = l->n;
     int is_int = 1;
@@ -236,24 +258,24 @@ static Py_ssize_t parse_number(Line *l) {
     }
     if (is_int && i - start > MAX_INT_DIGITS)
         return -1; /* int() refuses it past sys.get_int_max_str_digits(): the Python path says so */
-    Py_ssize_t node = new_node(is_int ? N_INT : N_FLOAT);
+    Py_ssize_t node = new_node(cx, is_int ? N_INT : N_FLOAT);
     if (node < 0)
         return -1;
-    nodes[node].start = start;
-    nodes[node].len = i - start;
+    cx->nodes[node].start = start;
+    cx->nodes[node].len = i - start;
     l->i = i;
     return node;
 }
 
-static Py_ssize_t parse_value(Line *l, int depth);
+static Py_ssize_t parse_value(Scratch *cx, Line *l, int depth);
 
-static Py_ssize_t parse_container(Line *l, int depth, int object) {
+static Py_ssize_t parse_container(Scratch *cx, Line *l, int depth, int object) {
     if (depth > MAX_DEPTH)
         return -1;
-    Py_ssize_t node = new_node(object ? N_OBJ : N_ARR);
+    Py_ssize_t node = new_node(cx, object ? N_OBJ : N_ARR);
     if (node < 0)
         return -1;
-    Py_ssize_t mark = n_pending, count = 0;
+    Py_ssize_t mark = cx->n_pending, count = 0;
     unsigned char close = object ? '}' : ']';
     l->i++;
     skip_ws(l);
@@ -265,16 +287,16 @@ static Py_ssize_t parse_container(Line *l, int depth, int object) {
                 skip_ws(l);
                 if (l->i >= l->n || l->s[l->i] != '"')
                     return -1;
-                Py_ssize_t key = parse_string(l);
-                if (key < 0 || push_pending(key) < 0)
+                Py_ssize_t key = parse_string(cx, l);
+                if (key < 0 || push_pending(cx, key) < 0)
                     return -1;
                 skip_ws(l);
                 if (l->i >= l->n || l->s[l->i] != ':')
                     return -1;
                 l->i++;
             }
-            Py_ssize_t value = parse_value(l, depth + 1);
-            if (value < 0 || push_pending(value) < 0)
+            Py_ssize_t value = parse_value(cx, l, depth + 1);
+            if (value < 0 || push_pending(cx, value) < 0)
                 return -1;
             count++;
             skip_ws(l);
@@ -288,47 +310,47 @@ static Py_ssize_t parse_container(Line *l, int depth, int object) {
             return -1;
         }
     }
-    Py_ssize_t first = close_container(mark);
+    Py_ssize_t first = close_container(cx, mark);
     if (first < 0)
         return -1;
-    nodes[node].start = first;
-    nodes[node].len = count;
+    cx->nodes[node].start = first;
+    cx->nodes[node].len = count;
     return node;
 }
 
-static Py_ssize_t parse_value(Line *l, int depth) {
+static Py_ssize_t parse_value(Scratch *cx, Line *l, int depth) {
     skip_ws(l);
     if (l->i >= l->n)
         return -1;
     unsigned char c = l->s[l->i];
     switch (c) {
     case '{':
-        return parse_container(l, depth, 1);
+        return parse_container(cx, l, depth, 1);
     case '[':
-        return parse_container(l, depth, 0);
+        return parse_container(cx, l, depth, 0);
     case '"':
-        return parse_string(l);
+        return parse_string(cx, l);
     case 't':
         if (l->n - l->i >= 4 && memcmp(l->s + l->i, "true", 4) == 0) {
             l->i += 4;
-            return new_node(N_TRUE);
+            return new_node(cx, N_TRUE);
         }
         return -1;
     case 'f':
         if (l->n - l->i >= 5 && memcmp(l->s + l->i, "false", 5) == 0) {
             l->i += 5;
-            return new_node(N_FALSE);
+            return new_node(cx, N_FALSE);
         }
         return -1;
     case 'n':
         if (l->n - l->i >= 4 && memcmp(l->s + l->i, "null", 4) == 0) {
             l->i += 4;
-            return new_node(N_NULL);
+            return new_node(cx, N_NULL);
         }
         return -1;
     default:
         if (c == '-' || (c >= '0' && c <= '9'))
-            return parse_number(l);
+            return parse_number(cx, l);
         return -1;
     }
 }
@@ -450,8 +472,8 @@ static Py_ssize_t decode_string(const unsigned char *s, Py_ssize_t len, unsigned
     return d - start;
 }
 
-static int reserve_out(Py_ssize_t more) {
-    return grow((void **)&out, &cap_out, n_out + more, 1);
+static int reserve_out(Scratch *cx, Py_ssize_t more) {
+    return grow((void **)&cx->out, &cx->cap_out, cx->n_out + more, 1);
 }
 
 static const char HEX[] = "0123456789abcdef";
@@ -467,10 +489,10 @@ static inline unsigned char *put_u_escape(unsigned char *d, uint32_t unit) {
 }
 
 /* Decoded UTF-8 text as json.dumps(ensure_ascii=True) writes a string. */
-static int emit_text(const unsigned char *t, Py_ssize_t len) {
-    if (reserve_out(len * 12 + 2) < 0) /* at worst every 4-byte character becomes 12 bytes */
+static int emit_text(Scratch *cx, const unsigned char *t, Py_ssize_t len) {
+    if (reserve_out(cx, len * 12 + 2) < 0) /* at worst every 4-byte character becomes 12 bytes */
         return -1;
-    unsigned char *d = out + n_out;
+    unsigned char *d = cx->out + cx->n_out;
     *d++ = '"';
     Py_ssize_t i = 0;
     while (i < len) {
@@ -506,18 +528,18 @@ static int emit_text(const unsigned char *t, Py_ssize_t len) {
         }
     }
     *d++ = '"';
-    n_out = d - out;
+    cx->n_out = d - cx->out;
     return 0;
 }
 
-static int ensure_text(Py_ssize_t len) {
-    return grow((void **)&text, &cap_text, len + 1, 1);
+static int ensure_text(Scratch *cx, Py_ssize_t len) {
+    return grow((void **)&cx->text, &cx->cap_text, len + 1, 1);
 }
 
 /* ---- numbers ------------------------------------------------------------------ */
 
 /* The canonical text of a float token if the short rule (see the top) covers it: 1, else 0. */
-static int short_float(const unsigned char *s, Py_ssize_t len) {
+static int short_float(Scratch *cx, const unsigned char *s, Py_ssize_t len) {
     Py_ssize_t i = 0, dot = -1;
     if (s[0] == '-')
         i = 1;
@@ -541,12 +563,12 @@ static int short_float(const unsigned char *s, Py_ssize_t len) {
         }
     }
     if (first < 0) { /* zero: "0.0" or "-0.0" */
-        if (reserve_out(4) < 0)
+        if (reserve_out(cx, 4) < 0)
             return -1;
         if (s[0] == '-')
-            out[n_out++] = '-';
-        memcpy(out + n_out, "0.0", 3);
-        n_out += 3;
+            cx->out[cx->n_out++] = '-';
+        memcpy(cx->out + cx->n_out, "0.0", 3);
+        cx->n_out += 3;
         return 1;
     }
     Py_ssize_t last = end - 1;
@@ -557,14 +579,12 @@ static int short_float(const unsigned char *s, Py_ssize_t len) {
         return 0;
     if (first > dot && first - dot - 1 > 3)
         return 0; /* below 1e-4: repr writes an exponent */
-    if (reserve_out(end) < 0)
+    if (reserve_out(cx, end) < 0)
         return -1;
-    memcpy(out + n_out, s, (size_t)end);
-    n_out += end;
+    memcpy(cx->out + cx->n_out, s, (size_t)end);
+    cx->n_out += end;
     return 1;
 }
-
-static char numbuf[MAX_INT_DIGITS + 64];
 
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
@@ -595,6 +615,7 @@ static double token_double(const unsigned char *s, Py_ssize_t len, int *ok) {
         }
     }
     *ok = 0;
+    char numbuf[MAX_INT_DIGITS + 64];
     if (len >= (Py_ssize_t)sizeof(numbuf))
         return 0.0;
     memcpy(numbuf, s, (size_t)len);
@@ -611,8 +632,8 @@ static double token_double(const unsigned char *s, Py_ssize_t len, int *ok) {
     return x;
 }
 
-static int emit_float(const unsigned char *s, Py_ssize_t len) {
-    int done = short_float(s, len);
+static int emit_float(Scratch *cx, const unsigned char *s, Py_ssize_t len) {
+    int done = short_float(cx, s, len);
     if (done != 0)
         return done < 0 ? -1 : 0;
     int ok;
@@ -625,26 +646,23 @@ static int emit_float(const unsigned char *s, Py_ssize_t len) {
         return -1;
     }
     Py_ssize_t k = (Py_ssize_t)strlen(repr);
-    if (reserve_out(k) < 0) {
+    if (reserve_out(cx, k) < 0) {
         PyMem_Free(repr);
         return -1;
     }
-    memcpy(out + n_out, repr, (size_t)k);
-    n_out += k;
+    memcpy(cx->out + cx->n_out, repr, (size_t)k);
+    cx->n_out += k;
     PyMem_Free(repr);
     return 0;
 }
 
 /* ---- the canonical form ------------------------------------------------------- */
 
-typedef struct {
+struct Member {
     const unsigned char *key; /* decoded UTF-8: byte order is code point order, str's order */
     Py_ssize_t len;
     Py_ssize_t member; /* index of the key node in kids */
-} Member;
-
-static Member *members;
-static Py_ssize_t cap_members;
+};
 
 static int member_cmp(const void *a, const void *b) {
     const Member *x = a, *y = b;
@@ -655,66 +673,63 @@ static int member_cmp(const void *a, const void *b) {
     return (x->len > y->len) - (x->len < y->len);
 }
 
-static const unsigned char *line_bytes;
-
 /* A key's decoded text: the raw span if plain, else decoded into keybuf. */
-static int key_text(Py_ssize_t node, const unsigned char **key, Py_ssize_t *len) {
-    Node *k = &nodes[node];
+static int key_text(Scratch *cx, Py_ssize_t node, const unsigned char **key, Py_ssize_t *len) {
+    Node *k = &cx->nodes[node];
     if (k->plain) {
-        *key = line_bytes + k->start;
+        *key = cx->line_bytes + k->start;
         *len = k->len;
         return 0;
     }
-    Py_ssize_t got = decode_string(line_bytes + k->start, k->len, keybuf + n_keybuf);
+    Py_ssize_t got = decode_string(cx->line_bytes + k->start, k->len, cx->keybuf + cx->n_keybuf);
     if (got < 0)
         return -1;
-    *key = keybuf + n_keybuf;
+    *key = cx->keybuf + cx->n_keybuf;
     *len = got;
-    n_keybuf += got;
+    cx->n_keybuf += got;
     return 0;
 }
 
-static int emit(Py_ssize_t node);
+static int emit(Scratch *cx, Py_ssize_t node);
 
-static int emit_string_node(Node *v) {
+static int emit_string_node(Scratch *cx, Node *v) {
     if (v->plain) {
-        if (reserve_out(v->len + 2) < 0)
+        if (reserve_out(cx, v->len + 2) < 0)
             return -1;
-        out[n_out++] = '"';
-        memcpy(out + n_out, line_bytes + v->start, (size_t)v->len);
-        n_out += v->len;
-        out[n_out++] = '"';
+        cx->out[cx->n_out++] = '"';
+        memcpy(cx->out + cx->n_out, cx->line_bytes + v->start, (size_t)v->len);
+        cx->n_out += v->len;
+        cx->out[cx->n_out++] = '"';
         return 0;
     }
-    if (ensure_text(v->len) < 0)
+    if (ensure_text(cx, v->len) < 0)
         return -1;
-    Py_ssize_t got = decode_string(line_bytes + v->start, v->len, text);
+    Py_ssize_t got = decode_string(cx->line_bytes + v->start, v->len, cx->text);
     if (got < 0)
         return -1;
-    return emit_text(text, got);
+    return emit_text(cx, cx->text, got);
 }
 
-static int emit_object(Node *v) {
+static int emit_object(Scratch *cx, Node *v) {
     Py_ssize_t count = v->len, first = v->start;
     if (count == 0) {
-        if (reserve_out(2) < 0)
+        if (reserve_out(cx, 2) < 0)
             return -1;
-        out[n_out++] = '{';
-        out[n_out++] = '}';
+        cx->out[cx->n_out++] = '{';
+        cx->out[cx->n_out++] = '}';
         return 0;
     }
     /* members is shared by every level: this object's run sits above its parents'. */
-    static Py_ssize_t used = 0;
-    Py_ssize_t base = used;
-    if (grow((void **)&members, &cap_members, base + count, sizeof(Member)) < 0)
+    Py_ssize_t base = cx->used;
+    if (grow((void **)&cx->members, &cx->cap_members, base + count, sizeof(Member)) < 0)
         return -1;
     for (Py_ssize_t m = 0; m < count; m++) {
-        Member *mm = &members[base + m];
+        Member *mm = &cx->members[base + m];
         mm->member = first + 2 * m;
-        if (key_text(kids[first + 2 * m], &mm->key, &mm->len) < 0)
+        if (key_text(cx, cx->kids[first + 2 * m], &mm->key, &mm->len) < 0)
             return -1;
     }
-    Member *run = members + base;
+    Member *run = cx->members + base;
     if (count > 1) {
         if (count <= 16) {
             for (Py_ssize_t a = 1; a < count; a++) {
@@ -733,125 +748,143 @@ static int emit_object(Node *v) {
             if (member_cmp(&run[a - 1], &run[a]) == 0)
                 return -1; /* a repeated key: a reject the Python path words */
     }
-    used = base + count;
+    cx->used = base + count;
     int status = 0;
-    if (reserve_out(1) < 0) {
+    if (reserve_out(cx, 1) < 0) {
         status = -1;
         goto done;
     }
-    out[n_out++] = '{';
+    cx->out[cx->n_out++] = '{';
     for (Py_ssize_t m = 0; m < count; m++) {
-        run = members + base; /* emit() may have grown members */
+        run = cx->members + base; /* emit() may have grown members */
         Py_ssize_t at = run[m].member;
-        Node *key = &nodes[kids[at]];
+        Node *key = &cx->nodes[cx->kids[at]];
         if (key->plain) {
-            if (emit_string_node(key) < 0) {
+            if (emit_string_node(cx, key) < 0) {
                 status = -1;
                 goto done;
             }
-        } else if (emit_text(run[m].key, run[m].len) < 0) {
+        } else if (emit_text(cx, run[m].key, run[m].len) < 0) {
             status = -1;
             goto done;
         }
-        if (reserve_out(1) < 0) {
+        if (reserve_out(cx, 1) < 0) {
             status = -1;
             goto done;
         }
-        out[n_out++] = ':';
-        if (emit(kids[at + 1]) < 0) {
+        cx->out[cx->n_out++] = ':';
+        if (emit(cx, cx->kids[at + 1]) < 0) {
             status = -1;
             goto done;
         }
-        if (reserve_out(1) < 0) {
+        if (reserve_out(cx, 1) < 0) {
             status = -1;
             goto done;
         }
-        out[n_out++] = m + 1 < count ? ',' : '}';
+        cx->out[cx->n_out++] = m + 1 < count ? ',' : '}';
     }
 done:
-    used = base;
+    cx->used = base;
     return status;
 }
 
-static int emit(Py_ssize_t node) {
-    Node *v = &nodes[node];
+static int emit(Scratch *cx, Py_ssize_t node) {
+    Node *v = &cx->nodes[node];
     switch (v->kind) {
     case N_NULL:
     case N_TRUE:
     case N_FALSE: {
         const char *word = v->kind == N_NULL ? "null" : v->kind == N_TRUE ? "true" : "false";
         Py_ssize_t k = v->kind == N_FALSE ? 5 : 4;
-        if (reserve_out(k) < 0)
+        if (reserve_out(cx, k) < 0)
             return -1;
-        memcpy(out + n_out, word, (size_t)k);
-        n_out += k;
+        memcpy(cx->out + cx->n_out, word, (size_t)k);
+        cx->n_out += k;
         return 0;
     }
     case N_INT: {
-        const unsigned char *s = line_bytes + v->start;
+        const unsigned char *s = cx->line_bytes + v->start;
         if (v->len == 2 && s[0] == '-' && s[1] == '0') { /* int("-0") is 0 */
-            if (reserve_out(1) < 0)
+            if (reserve_out(cx, 1) < 0)
                 return -1;
-            out[n_out++] = '0';
+            cx->out[cx->n_out++] = '0';
             return 0;
         }
-        if (reserve_out(v->len) < 0)
+        if (reserve_out(cx, v->len) < 0)
             return -1;
-        memcpy(out + n_out, s, (size_t)v->len);
-        n_out += v->len;
+        memcpy(cx->out + cx->n_out, s, (size_t)v->len);
+        cx->n_out += v->len;
         return 0;
     }
     case N_FLOAT:
-        return emit_float(line_bytes + v->start, v->len);
+        return emit_float(cx, cx->line_bytes + v->start, v->len);
     case N_STR:
-        return emit_string_node(v);
+        return emit_string_node(cx, v);
     case N_ARR: {
-        if (reserve_out(1) < 0)
+        if (reserve_out(cx, 1) < 0)
             return -1;
-        out[n_out++] = '[';
+        cx->out[cx->n_out++] = '[';
         Py_ssize_t count = v->len, first = v->start;
         for (Py_ssize_t e = 0; e < count; e++) {
             if (e) {
-                if (reserve_out(1) < 0)
+                if (reserve_out(cx, 1) < 0)
                     return -1;
-                out[n_out++] = ',';
+                cx->out[cx->n_out++] = ',';
             }
-            if (emit(kids[first + e]) < 0)
+            if (emit(cx, cx->kids[first + e]) < 0)
                 return -1;
         }
-        if (reserve_out(1) < 0)
+        if (reserve_out(cx, 1) < 0)
             return -1;
-        out[n_out++] = ']';
+        cx->out[cx->n_out++] = ']';
         return 0;
     }
     default:
-        return emit_object(v);
+        return emit_object(cx, v);
     }
 }
 
 /* ---- Python values ------------------------------------------------------------ */
 
-static PyObject *value_of(Py_ssize_t node);
+static PyObject *value_of(Scratch *cx, Py_ssize_t node);
 
 /* Object keys repeat from record to record: plain short ones are made once and
    reused (with their cached hash), as orjson does. Direct-mapped; a clash replaces. */
 #define KEY_SLOTS 1024
 #define KEY_MAX 48
-typedef struct {
+struct KeySlot {
     Py_ssize_t len;
     unsigned char bytes[KEY_MAX];
     PyObject *str;
-} KeySlot;
-static KeySlot key_slots[KEY_SLOTS];
+};
 
-static PyObject *key_of(Node *v) {
+static void scratch_free(Scratch *cx) {
+    if (cx->key_slots != NULL)
+        for (Py_ssize_t k = 0; k < KEY_SLOTS; k++)
+            Py_XDECREF(cx->key_slots[k].str);
+    free(cx->key_slots);
+    free(cx->nodes);
+    free(cx->kids);
+    free(cx->pending);
+    free(cx->out);
+    free(cx->keybuf);
+    free(cx->text);
+    free(cx->members);
+    free(cx->row);
+    free(cx->col_node);
+    free(cx->keytext);
+}
+
+static PyObject *key_of(Scratch *cx, Node *v) {
     if (!v->plain || v->len > KEY_MAX)
         return NULL;
-    const unsigned char *s = line_bytes + v->start;
+    const unsigned char *s = cx->line_bytes + v->start;
     uint32_t h = 2166136261u;
     for (Py_ssize_t i = 0; i < v->len; i++)
         h = (h ^ s[i]) * 16777619u;
-    KeySlot *slot = &key_slots[(h ^ (h >> 16)) & (KEY_SLOTS - 1)];
+    if (cx->key_slots == NULL && (cx->key_slots = calloc(KEY_SLOTS, sizeof(KeySlot))) == NULL)
+        return PyErr_NoMemory();
+    KeySlot *slot = &cx->key_slots[(h ^ (h >> 16)) & (KEY_SLOTS - 1)];
     if (slot->str != NULL && slot->len == v->len && memcmp(slot->bytes, s, (size_t)v->len) == 0) {
         Py_INCREF(slot->str);
         return slot->str;
@@ -870,17 +903,43 @@ static PyObject *key_of(Node *v) {
     return str;
 }
 
-static PyObject *string_of(Node *v) {
+static PyObject *string_of(Scratch *cx, Node *v) {
     if (v->plain)
-        return PyUnicode_DecodeASCII((const char *)line_bytes + v->start, v->len, NULL);
-    if (ensure_text(v->len) < 0)
+        return PyUnicode_DecodeASCII((const char *)cx->line_bytes + v->start, v->len, NULL);
+    if (ensure_text(cx, v->len) < 0)
         return PyErr_NoMemory();
-    Py_ssize_t got = decode_string(line_bytes + v->start, v->len, text);
+    Py_ssize_t got = decode_string(cx->line_bytes + v->start, v->len, cx->text);
     if (got < 0) { /* cannot happen: the canonical pass decoded it already */
         PyErr_SetString(PyExc_ValueError, "undecodable string");
         return NULL;
     }
-    return PyUnicode_DecodeUTF8((const char *)text, got, NULL);
+    return PyUnicode_DecodeUTF8((const char *)cx->text, got, NULL);
+}
+
+/* JSON values are trees: a list or dict built here can only be part of a reference cycle
+   through a container it holds. One whose items are all untracked (str, numbers, None,
+   bools, or containers untracked the same way) is untracked from the cyclic garbage
+   collector, as CPython does itself for such tuples and dicts: the collector then neither
+   walks a batch's records nor runs its full passes for them (which a batch of records kept
+   until their columns are converted otherwise triggers every few thousand records). Memory
+   safe either way: the collector only ever skips an untracked object, and reference
+   counting frees it. A dict re-tracks itself if a container is put into it later. */
+static void untrack_list(PyObject *list) {
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(list); k++)
+        if (PyObject_GC_IsTracked(PyList_GET_ITEM(list, k)))
+            return;
+    PyObject_GC_UnTrack(list);
+}
+
+/* A dict's values (its keys are str): untracked when none of them is tracked. */
+static void untrack_dict(PyObject *dict) {
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value))
+        if (PyObject_GC_IsTracked(value))
+            return;
+    if (PyObject_GC_IsTracked(dict))
+        PyObject_GC_UnTrack(dict);
 }
 
 static PyObject *int_of(const unsigned char *s, Py_ssize_t len) {
@@ -891,13 +950,14 @@ static PyObject *int_of(const unsigned char *s, Py_ssize_t len) {
             x = x * 10 + (s[j] - '0');
         return PyLong_FromLongLong(i ? -x : x);
     }
+    char numbuf[MAX_INT_DIGITS + 64]; /* parse_number let no integer longer than MAX_INT_DIGITS through */
     memcpy(numbuf, s, (size_t)len);
     numbuf[len] = '\0';
     return PyLong_FromString(numbuf, NULL, 10);
 }
 
-static PyObject *value_of(Py_ssize_t node) {
-    Node *v = &nodes[node];
+static PyObject *value_of(Scratch *cx, Py_ssize_t node) {
+    Node *v = &cx->nodes[node];
     switch (v->kind) {
     case N_NULL:
         Py_RETURN_NONE;
@@ -906,10 +966,10 @@ static PyObject *value_of(Py_ssize_t node) {
     case N_FALSE:
         Py_RETURN_FALSE;
     case N_INT:
-        return int_of(line_bytes + v->start, v->len);
+        return int_of(cx->line_bytes + v->start, v->len);
     case N_FLOAT: {
         int ok;
-        double x = token_double(line_bytes + v->start, v->len, &ok);
+        double x = token_double(cx->line_bytes + v->start, v->len, &ok);
         if (!ok) {
             PyErr_SetString(PyExc_ValueError, "unreadable float");
             return NULL;
@@ -917,19 +977,20 @@ static PyObject *value_of(Py_ssize_t node) {
         return PyFloat_FromDouble(x);
     }
     case N_STR:
-        return string_of(v);
+        return string_of(cx, v);
     case N_ARR: {
         PyObject *list = PyList_New(v->len);
         if (list == NULL)
             return NULL;
         for (Py_ssize_t e = 0; e < v->len; e++) {
-            PyObject *item = value_of(kids[v->start + e]);
+            PyObject *item = value_of(cx, cx->kids[v->start + e]);
             if (item == NULL) {
                 Py_DECREF(list);
                 return NULL;
             }
             PyList_SET_ITEM(list, e, item);
         }
+        untrack_list(list);
         return list;
     }
     default: {
@@ -938,11 +999,11 @@ static PyObject *value_of(Py_ssize_t node) {
             return NULL;
         for (Py_ssize_t m = 0; m < v->len; m++) {
             Py_ssize_t at = v->start + 2 * m;
-            Node *k = &nodes[kids[at]];
-            PyObject *key = key_of(k);
+            Node *k = &cx->nodes[cx->kids[at]];
+            PyObject *key = key_of(cx, k);
             if (key == NULL && !PyErr_Occurred())
-                key = string_of(k);
-            PyObject *item = key ? value_of(kids[at + 1]) : NULL;
+                key = string_of(cx, k);
+            PyObject *item = key ? value_of(cx, cx->kids[at + 1]) : NULL;
             if (item == NULL || PyDict_SetItem(dict, key, item) < 0) {
                 Py_XDECREF(key);
                 Py_XDECREF(item);
@@ -952,6 +1013,7 @@ static PyObject *value_of(Py_ssize_t node) {
             Py_DECREF(key);
             Py_DECREF(item);
         }
+        untrack_dict(dict);
         return dict;
     }
     }
@@ -979,45 +1041,45 @@ static void sha1_hex(const unsigned char *data, Py_ssize_t len, char hex[40]) {
    decide: 0; a Python error (memory): -1. See canonical_line for `shallow`. */
 /* Parse the line, write its canonical bytes (`out`) and their SHA-1 (`hex`): the top-level
    object's node, or -2 when the Python path must decide, or -1 on a Python error. */
-static Py_ssize_t parse_line(const unsigned char *s, Py_ssize_t len, char hex[40]) {
+static Py_ssize_t parse_line(Scratch *cx, const unsigned char *s, Py_ssize_t len, char hex[40]) {
     Line l = {s, len, 0};
-    line_bytes = s;
-    n_nodes = n_kids = n_pending = n_out = n_keybuf = 0;
-    if (grow((void **)&keybuf, &cap_keybuf, len + 1, 1) < 0) {
+    cx->line_bytes = s;
+    cx->n_nodes = cx->n_kids = cx->n_pending = cx->n_out = cx->n_keybuf = 0;
+    if (grow((void **)&cx->keybuf, &cx->cap_keybuf, len + 1, 1) < 0) {
         PyErr_NoMemory();
         return -1;
     }
     skip_ws(&l);
     if (l.i >= l.n || l.s[l.i] != '{')
         return -2;
-    Py_ssize_t top = parse_value(&l, 1);
+    Py_ssize_t top = parse_value(cx, &l, 1);
     if (top < 0)
         return PyErr_Occurred() ? -1 : -2;
     skip_ws(&l);
     if (l.i != l.n)
         return -2;
-    if (emit(top) < 0)
+    if (emit(cx, top) < 0)
         return PyErr_Occurred() ? -1 : -2;
-    sha1_hex(out, n_out, hex);
+    sha1_hex(cx->out, cx->n_out, hex);
     return top;
 }
 
 /* The parsed line's record (a dict), canonical bytes and SHA-1 hex (see canonical_line for
    `shallow`): 1, or -1 on a Python error. */
-static int build_record(Py_ssize_t top, const char hex[40], PyObject *shallow, PyObject **record_out,
+static int build_record(Scratch *cx, Py_ssize_t top, const char hex[40], PyObject *shallow, PyObject **record_out,
                         PyObject **canonical_out, PyObject **digest_out) {
-    PyObject *canonical = PyBytes_FromStringAndSize((const char *)out, n_out);
+    PyObject *canonical = PyBytes_FromStringAndSize((const char *)cx->out, cx->n_out);
     PyObject *digest = PyUnicode_FromStringAndSize(hex, 40);
     PyObject *record = PyDict_New();
     if (canonical == NULL || digest == NULL || record == NULL)
         goto fail;
     int any_shallow = PySet_GET_SIZE(shallow) > 0;
-    for (Py_ssize_t m = 0; m < nodes[top].len; m++) {
-        Py_ssize_t at = nodes[top].start + 2 * m;
-        Node *k = &nodes[kids[at]];
-        PyObject *key = key_of(k);
+    for (Py_ssize_t m = 0; m < cx->nodes[top].len; m++) {
+        Py_ssize_t at = cx->nodes[top].start + 2 * m;
+        Node *k = &cx->nodes[cx->kids[at]];
+        PyObject *key = key_of(cx, k);
         if (key == NULL && !PyErr_Occurred())
-            key = string_of(k);
+            key = string_of(cx, k);
         if (key == NULL)
             goto fail;
         int is_shallow = any_shallow ? PySet_Contains(shallow, key) : 0;
@@ -1025,10 +1087,10 @@ static int build_record(Py_ssize_t top, const char hex[40], PyObject *shallow, P
         if (is_shallow < 0) {
             item = NULL;
         } else if (is_shallow) {
-            item = nodes[kids[at + 1]].kind == N_NULL ? Py_None : Py_Ellipsis;
+            item = cx->nodes[cx->kids[at + 1]].kind == N_NULL ? Py_None : Py_Ellipsis;
             Py_INCREF(item);
         } else {
-            item = value_of(kids[at + 1]);
+            item = value_of(cx, cx->kids[at + 1]);
         }
         if (item == NULL || PyDict_SetItem(record, key, item) < 0) {
             Py_DECREF(key);
@@ -1038,6 +1100,7 @@ static int build_record(Py_ssize_t top, const char hex[40], PyObject *shallow, P
         Py_DECREF(key);
         Py_DECREF(item);
     }
+    untrack_dict(record);
     *record_out = record;
     *canonical_out = canonical;
     *digest_out = digest;
@@ -1051,13 +1114,13 @@ fail:
 
 /* The line's record, canonical bytes and SHA-1 hex: 1; the Python path must decide: 0; a
    Python error (memory): -1. */
-static int read_line(const unsigned char *s, Py_ssize_t len, PyObject *shallow, PyObject **record_out,
+static int read_line(Scratch *cx, const unsigned char *s, Py_ssize_t len, PyObject *shallow, PyObject **record_out,
                      PyObject **canonical_out, PyObject **digest_out) {
     char hex[40];
-    Py_ssize_t top = parse_line(s, len, hex);
+    Py_ssize_t top = parse_line(cx, s, len, hex);
     if (top < 0)
         return top == -1 ? -1 : 0;
-    return build_record(top, hex, shallow, record_out, canonical_out, digest_out);
+    return build_record(cx, top, hex, shallow, record_out, canonical_out, digest_out);
 }
 
 /* ---- the entry points ---------------------------------------------------------- */
@@ -1075,7 +1138,9 @@ static PyObject *canonical_line(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*O!", &buf, &PyFrozenSet_Type, &shallow))
         return NULL;
     PyObject *record, *canonical, *digest;
-    int got = read_line((const unsigned char *)buf.buf, buf.len, shallow, &record, &canonical, &digest);
+    Scratch scratch = {0}, *cx = &scratch;
+    int got = read_line(cx, (const unsigned char *)buf.buf, buf.len, shallow, &record, &canonical, &digest);
+    scratch_free(cx);
     PyBuffer_Release(&buf);
     if (got < 0)
         return NULL;
@@ -1155,61 +1220,57 @@ static int plain_id(PyObject *ext_id) {
 #define MAX_DIRECT_COLUMNS 1600      /* PostgreSQL's own column limit */
 #define FLOAT32_LIMIT 3.4028234663852886e38
 
-static unsigned char *row;
-static Py_ssize_t n_row, cap_row;
-static Py_ssize_t col_node[MAX_DIRECT_COLUMNS];
-
-static inline int row_reserve(Py_ssize_t more) {
-    if (grow((void **)&row, &cap_row, n_row + more, 1) < 0) {
+static inline int row_reserve(Scratch *cx, Py_ssize_t more) {
+    if (grow((void **)&cx->row, &cx->cap_row, cx->n_row + more, 1) < 0) {
         PyErr_NoMemory();
         return -1;
     }
     return 0;
 }
 
-static inline void put_u16(uint16_t v) {
-    row[n_row++] = (unsigned char)(v >> 8);
-    row[n_row++] = (unsigned char)v;
+static inline void put_u16(Scratch *cx, uint16_t v) {
+    cx->row[cx->n_row++] = (unsigned char)(v >> 8);
+    cx->row[cx->n_row++] = (unsigned char)v;
 }
 
-static inline void put_u32(uint32_t v) {
+static inline void put_u32(Scratch *cx, uint32_t v) {
     for (int b = 3; b >= 0; b--)
-        row[n_row++] = (unsigned char)(v >> (8 * b));
+        cx->row[cx->n_row++] = (unsigned char)(v >> (8 * b));
 }
 
-static inline void put_u64(uint64_t v) {
+static inline void put_u64(Scratch *cx, uint64_t v) {
     for (int b = 7; b >= 0; b--)
-        row[n_row++] = (unsigned char)(v >> (8 * b));
+        cx->row[cx->n_row++] = (unsigned char)(v >> (8 * b));
 }
 
-static int put_bytes(const void *data, Py_ssize_t len) {
-    if (row_reserve(4 + len) < 0)
+static int put_bytes(Scratch *cx, const void *data, Py_ssize_t len) {
+    if (row_reserve(cx, 4 + len) < 0)
         return -1;
-    put_u32((uint32_t)len);
-    memcpy(row + n_row, data, (size_t)len);
-    n_row += len;
+    put_u32(cx, (uint32_t)len);
+    memcpy(cx->row + cx->n_row, data, (size_t)len);
+    cx->n_row += len;
     return 0;
 }
 
-static int put_null(void) {
-    if (row_reserve(4) < 0)
+static int put_null(Scratch *cx) {
+    if (row_reserve(cx, 4) < 0)
         return -1;
-    put_u32(0xFFFFFFFFu);
+    put_u32(cx, 0xFFFFFFFFu);
     return 0;
 }
 
-static int put_i64(int64_t v) {
-    if (row_reserve(12) < 0)
+static int put_i64(Scratch *cx, int64_t v) {
+    if (row_reserve(cx, 12) < 0)
         return -1;
-    put_u32(8);
-    put_u64((uint64_t)v);
+    put_u32(cx, 8);
+    put_u64(cx, (uint64_t)v);
     return 0;
 }
 
-static int put_f64(double x) {
+static int put_f64(Scratch *cx, double x) {
     uint64_t bits;
     memcpy(&bits, &x, 8);
-    return put_i64((int64_t)bits);
+    return put_i64(cx, (int64_t)bits);
 }
 
 /* An integer token of at most `max_digits` digits (no more than 18): 1 and its value; else 0. */
@@ -1225,8 +1286,8 @@ static int token_int(const unsigned char *s, Py_ssize_t len, Py_ssize_t max_digi
 }
 
 /* A number node as the float64 Arrow makes of it (a float, or an int exact in a double): 1; else 0. */
-static int number_value(Node *v, double *x) {
-    const unsigned char *s = line_bytes + v->start;
+static int number_value(Scratch *cx, Node *v, double *x) {
+    const unsigned char *s = cx->line_bytes + v->start;
     if (v->kind == N_INT) {
         int64_t i;
         if (!token_int(s, v->len, 15, &i))
@@ -1312,76 +1373,76 @@ static int timestamp_us(const unsigned char *s, Py_ssize_t n, int64_t *us) {
 }
 
 /* One typed value into the row: 1; not sure: 0; Python error: -1. */
-static int put_value(char kind, Py_ssize_t node, Py_ssize_t dim) {
-    Node *v = &nodes[node];
-    const unsigned char *s = line_bytes + v->start;
+static int put_value(Scratch *cx, char kind, Py_ssize_t node, Py_ssize_t dim) {
+    Node *v = &cx->nodes[node];
+    const unsigned char *s = cx->line_bytes + v->start;
     switch (kind) {
     case 's': /* string -> text */
         if (v->kind != N_STR)
             return 0;
         if (v->plain)
-            return put_bytes(s, v->len) < 0 ? -1 : 1;
-        if (ensure_text(v->len) < 0) {
+            return put_bytes(cx, s, v->len) < 0 ? -1 : 1;
+        if (ensure_text(cx, v->len) < 0) {
             PyErr_NoMemory();
             return -1;
         }
-        Py_ssize_t got = decode_string(s, v->len, text);
+        Py_ssize_t got = decode_string(s, v->len, cx->text);
         if (got < 0)
             return 0;
-        return put_bytes(text, got) < 0 ? -1 : 1;
+        return put_bytes(cx, cx->text, got) < 0 ? -1 : 1;
     case 'i': /* int -> integer */
     case 'l': { /* long -> bigint */
         int64_t x;
         if (v->kind != N_INT || !token_int(s, v->len, 18, &x))
             return 0;
         if (kind == 'l')
-            return put_i64(x) < 0 ? -1 : 1;
-        if (x < INT32_MIN || x > INT32_MAX || row_reserve(8) < 0)
+            return put_i64(cx, x) < 0 ? -1 : 1;
+        if (x < INT32_MIN || x > INT32_MAX || row_reserve(cx, 8) < 0)
             return x < INT32_MIN || x > INT32_MAX ? 0 : -1;
-        put_u32(4);
-        put_u32((uint32_t)(int32_t)x);
+        put_u32(cx, 4);
+        put_u32(cx, (uint32_t)(int32_t)x);
         return 1;
     }
     case 'r': { /* real -> double precision */
         double x;
-        if (!number_value(v, &x))
+        if (!number_value(cx, v, &x))
             return 0;
-        return put_f64(x) < 0 ? -1 : 1;
+        return put_f64(cx, x) < 0 ? -1 : 1;
     }
     case 'b': /* bool -> boolean */
         if (v->kind != N_TRUE && v->kind != N_FALSE)
             return 0;
-        if (row_reserve(5) < 0)
+        if (row_reserve(cx, 5) < 0)
             return -1;
-        put_u32(1);
-        row[n_row++] = v->kind == N_TRUE;
+        put_u32(cx, 1);
+        cx->row[cx->n_row++] = v->kind == N_TRUE;
         return 1;
     case 't': { /* timestamp -> timestamp with time zone */
         int64_t us;
         if (v->kind != N_STR || !v->plain || !timestamp_us(s, v->len, &us))
             return 0;
-        return put_i64(us) < 0 ? -1 : 1;
+        return put_i64(cx, us) < 0 ? -1 : 1;
     }
     case 'v': { /* vector(dim) -> real[] */
         if (v->kind != N_ARR || v->len != dim)
             return 0;
-        if (row_reserve(4 + 20 + 8 * dim) < 0)
+        if (row_reserve(cx, 4 + 20 + 8 * dim) < 0)
             return -1;
-        put_u32((uint32_t)(20 + 8 * dim));
-        put_u32(1);   /* dimensions */
-        put_u32(0);   /* no nulls */
-        put_u32(700); /* float4 */
-        put_u32((uint32_t)dim);
-        put_u32(1); /* lower bound */
+        put_u32(cx, (uint32_t)(20 + 8 * dim));
+        put_u32(cx, 1);   /* dimensions */
+        put_u32(cx, 0);   /* no nulls */
+        put_u32(cx, 700); /* float4 */
+        put_u32(cx, (uint32_t)dim);
+        put_u32(cx, 1); /* lower bound */
         for (Py_ssize_t e = 0; e < dim; e++) {
             double x;
-            if (!number_value(&nodes[kids[v->start + e]], &x) || !(fabs(x) <= FLOAT32_LIMIT))
+            if (!number_value(cx, &cx->nodes[cx->kids[v->start + e]], &x) || !(fabs(x) <= FLOAT32_LIMIT))
                 return 0;
             float f = (float)x;
             uint32_t bits;
             memcpy(&bits, &f, 4);
-            put_u32(4);
-            put_u32(bits);
+            put_u32(cx, 4);
+            put_u32(cx, bits);
         }
         return 1;
     }
@@ -1390,8 +1451,31 @@ static int put_value(char kind, Py_ssize_t node, Py_ssize_t dim) {
     }
 }
 
+/* ---- the plan: BatchPlan, RoutePlan, DirectPlan, DirectRoute (coercion/native.py) ---------
+ *
+ * coerce_lines reads its plan by attribute name once per batch, checking each attribute's
+ * type and shape: a wrong or incomplete plan is a TypeError or ValueError naming the bad
+ * attribute, never a crash. Every attribute read is kept alive in `held` (a list) for the
+ * call, so the pointers below stay valid whatever the Python code run from the call does. */
+
 typedef struct {
-    PyObject *routes;         /* record type -> (fields, kinds, required, dims, emitted, drop_unknown, rows, keys, ends) */
+    PyObject *plan; /* the RoutePlan: routes map record types to it */
+    PyObject *rows, *records, *known, *current, *table;
+} Route;
+
+typedef struct {
+    PyObject *plan; /* the DirectRoute */
+    PyObject *fields, *rows, *keys, *ends;
+    const char *kinds, *need;
+    Py_ssize_t ncols, emitted;
+    Py_ssize_t *dims; /* per column (malloc'd) */
+    int drop_unknown;
+} DirectRoute;
+
+typedef struct {
+    PyObject *routes;         /* record type -> DirectRoute */
+    DirectRoute *route;       /* the n_routes routes, read once */
+    Py_ssize_t n_routes;
     const int64_t *pos;       /* per input line: its _pos */
     const int64_t *offsets;   /* per input line: its line number or offset */
     const int64_t *units;     /* per input line: its unit */
@@ -1400,435 +1484,701 @@ typedef struct {
     Py_ssize_t type_len, id_len, version_len;
 } Direct;
 
-static int same_key(Node *k, const char *name, Py_ssize_t len) {
-    return name != NULL && k->len == len && memcmp(line_bytes + k->start, name, (size_t)len) == 0;
+typedef struct {
+    PyObject *held; /* every attribute read: alive until the call ends */
+    PyObject *out_input, *out_type, *out_key, *out_ext, *out_hash, *out_payload, *out_extra, *out_props,
+        *out_errors;
+    PyObject *routes, *fixed_type, *type_field, *id_field, *connector, *version_field, *declared, *shallow,
+        *too_long, *seen_lines, *seen_keys, *skipped, *fresh, *in_batch, *on_unknown, *decline;
+    Py_ssize_t max_key;
+    Route *route; /* the n_routes routes, read once */
+    Py_ssize_t n_routes;
+    int repeats, use_direct;
+    Direct dx;
+} Batch;
+
+/* obj.name, of `type` (or None if none_ok; any type if type is NULL), as a reference `held`
+   keeps alive; NULL with a TypeError naming `owner.name` otherwise. */
+static PyObject *plan_attr(PyObject *held, PyObject *obj, const char *owner, const char *name, PyTypeObject *type,
+                           int none_ok) {
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (v == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s.%s is missing (%s is a %.100s)", owner, name, owner, Py_TYPE(obj)->tp_name);
+        }
+        return NULL;
+    }
+    if (!((none_ok && v == Py_None) || type == NULL || PyObject_TypeCheck(v, type))) {
+        PyErr_Format(PyExc_TypeError, "%s.%s must be %s%s, not %.100s", owner, name, type->tp_name,
+                     none_ok ? " or None" : "", Py_TYPE(v)->tp_name);
+        Py_DECREF(v);
+        return NULL;
+    }
+    int status = PyList_Append(held, v);
+    Py_DECREF(v);
+    return status < 0 ? NULL : v;
 }
 
-static unsigned char *keytext;
-static Py_ssize_t cap_keytext;
+/* "owner['key']" into buf, for error messages. */
+static void route_owner(char *buf, size_t size, const char *owner, PyObject *key) {
+    const char *name_text = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+    if (name_text == NULL)
+        PyErr_Clear();
+    snprintf(buf, size, "%s['%.80s']", owner, name_text ? name_text : "?");
+}
 
-/* The parsed record `top` (line i) as a direct row: 1 (staged, or counted as a repeat);
-   not sure: 0 (the dict path takes it); Python error: -1. */
-static int direct_row(Direct *dx, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40],
-                      PyObject *fixed_type, PyObject *connector, Py_ssize_t max_key, PyObject *seen_lines,
-                      PyObject *seen_keys, PyObject *skipped, PyObject *in_batch) {
-    Node *obj = &nodes[top];
-    Py_ssize_t type_node = -1, id_node = -1;
+static int read_route(PyObject *held, PyObject *key, PyObject *plan, Route *r) {
+    char owner[128];
+    route_owner(owner, sizeof owner, "BatchPlan.routes", key);
+    r->plan = plan;
+    if (!PyUnicode_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "%s: a record type must be a str, not %.100s", owner, Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    if (!(r->rows = plan_attr(held, plan, owner, "rows", &PyList_Type, 0)) ||
+        !(r->records = plan_attr(held, plan, owner, "records", &PyList_Type, 0)) ||
+        !(r->known = plan_attr(held, plan, owner, "known", &PyFrozenSet_Type, 1)) ||
+        !(r->current = plan_attr(held, plan, owner, "current", &PyLong_Type, 0)) ||
+        !(r->table = plan_attr(held, plan, owner, "table", NULL, 0)))
+        return -1;
+    return 0;
+}
+
+static const char DIRECT_KINDS[] = "silrbtvd";
+
+/* A DirectRoute's column shapes: as many kinds, required flags and dims as columns, every
+   kind one the direct path writes, `emitted` its non-dynamic columns, every field's column
+   an index (-1: an ignored field). */
+static int check_direct_shapes(const char *owner, DirectRoute *r, PyObject *kinds, PyObject *required, PyObject *dims) {
+    r->ncols = PyBytes_GET_SIZE(kinds);
+    if (PyBytes_GET_SIZE(required) != r->ncols || PyTuple_GET_SIZE(dims) != r->ncols) {
+        PyErr_Format(PyExc_ValueError, "%s: kinds, required and dims must have one entry per column", owner);
+        return -1;
+    }
+    if (r->ncols > MAX_DIRECT_COLUMNS) {
+        PyErr_Format(PyExc_ValueError, "%s.kinds: more than %d columns", owner, MAX_DIRECT_COLUMNS);
+        return -1;
+    }
+    r->kinds = PyBytes_AS_STRING(kinds);
+    r->need = PyBytes_AS_STRING(required);
+    r->dims = PyMem_Calloc((size_t)r->ncols + 1, sizeof(Py_ssize_t));
+    if (r->dims == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t emitted = 0;
+    for (Py_ssize_t c = 0; c < r->ncols; c++) {
+        if (r->kinds[c] == '\0' || strchr(DIRECT_KINDS, r->kinds[c]) == NULL) {
+            PyErr_Format(PyExc_ValueError, "%s.kinds[%zd]: not a kind the direct path writes", owner, c);
+            return -1;
+        }
+        emitted += r->kinds[c] != 'd';
+        PyObject *dim = PyTuple_GET_ITEM(dims, c);
+        r->dims[c] = PyLong_Check(dim) ? PyLong_AsSsize_t(dim) : -1;
+        if (r->dims[c] < 0 || r->dims[c] > 0xFFFFFF || (r->kinds[c] != 'v' && r->dims[c] != 0)) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "%s.dims[%zd]: not a dimension of this column", owner, c);
+            }
+            return -1;
+        }
+    }
+    if (emitted != r->emitted) {
+        PyErr_Format(PyExc_ValueError, "%s.emitted is %zd; its kinds emit %zd columns", owner, r->emitted, emitted);
+        return -1;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *name, *at;
+    while (PyDict_Next(r->fields, &pos, &name, &at)) {
+        Py_ssize_t c = PyLong_Check(at) ? PyLong_AsSsize_t(at) : -2;
+        if (!PyUnicode_Check(name) || c < -1 || c >= r->ncols) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s.fields: every field must map to a column index (or -1)", owner);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int read_direct_route(PyObject *held, PyObject *key, PyObject *plan, DirectRoute *r) {
+    char owner[128];
+    route_owner(owner, sizeof owner, "DirectPlan.routes", key);
+    r->plan = plan;
+    PyObject *kinds, *required, *dims, *emitted, *drop;
+    if (!(r->fields = plan_attr(held, plan, owner, "fields", &PyDict_Type, 0)) ||
+        !(kinds = plan_attr(held, plan, owner, "kinds", &PyBytes_Type, 0)) ||
+        !(required = plan_attr(held, plan, owner, "required", &PyBytes_Type, 0)) ||
+        !(dims = plan_attr(held, plan, owner, "dims", &PyTuple_Type, 0)) ||
+        !(emitted = plan_attr(held, plan, owner, "emitted", &PyLong_Type, 0)) ||
+        !(drop = plan_attr(held, plan, owner, "drop_unknown", &PyBool_Type, 0)) ||
+        !(r->rows = plan_attr(held, plan, owner, "rows", &PyByteArray_Type, 0)) ||
+        !(r->keys = plan_attr(held, plan, owner, "keys", &PyList_Type, 0)) ||
+        !(r->ends = plan_attr(held, plan, owner, "ends", &PyList_Type, 0)))
+        return -1;
+    r->drop_unknown = drop == Py_True;
+    r->emitted = PyLong_AsSsize_t(emitted);
+    if (r->emitted == -1 && PyErr_Occurred())
+        return -1;
+    return check_direct_shapes(owner, r, kinds, required, dims);
+}
+
+/* A str-or-None attribute's UTF-8 (NULL for None); -1 on error. */
+static int attr_text(PyObject *value, const char **utf8, Py_ssize_t *len) {
+    *utf8 = NULL;
+    *len = 0;
+    if (value == Py_None)
+        return 0;
+    *utf8 = PyUnicode_AsUTF8AndSize(value, len);
+    return *utf8 == NULL ? -1 : 0;
+}
+
+static int read_direct(Batch *b, PyObject *plan, Py_ssize_t lines) {
+    const char *owner = "BatchPlan.direct";
+    Direct *dx = &b->dx;
+    PyObject *pos, *offsets, *units, *tname, *iname, *vname;
+    if (!(dx->routes = plan_attr(b->held, plan, owner, "routes", &PyDict_Type, 0)) ||
+        !(pos = plan_attr(b->held, plan, owner, "pos", &PyBytes_Type, 0)) ||
+        !(offsets = plan_attr(b->held, plan, owner, "offsets", &PyBytes_Type, 0)) ||
+        !(units = plan_attr(b->held, plan, owner, "units", &PyBytes_Type, 0)) ||
+        !(dx->prefixes = plan_attr(b->held, plan, owner, "prefixes", &PyList_Type, 0)) ||
+        !(tname = plan_attr(b->held, plan, owner, "type_field", &PyUnicode_Type, 1)) ||
+        !(iname = plan_attr(b->held, plan, owner, "id_field", &PyUnicode_Type, 0)) ||
+        !(vname = plan_attr(b->held, plan, owner, "version_field", &PyUnicode_Type, 1)))
+        return -1;
+    if (PyBytes_GET_SIZE(pos) != lines * 8 || PyBytes_GET_SIZE(offsets) != lines * 8 ||
+        PyBytes_GET_SIZE(units) != lines * 8) {
+        PyErr_SetString(PyExc_ValueError, "BatchPlan.direct: pos, offsets and units need one int64 per line");
+        return -1;
+    }
+    for (Py_ssize_t u = 0; u < PyList_GET_SIZE(dx->prefixes); u++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(dx->prefixes, u))) {
+            PyErr_Format(PyExc_TypeError, "BatchPlan.direct.prefixes[%zd] must be bytes", u);
+            return -1;
+        }
+    }
+    dx->pos = (const int64_t *)PyBytes_AS_STRING(pos);
+    dx->offsets = (const int64_t *)PyBytes_AS_STRING(offsets);
+    dx->units = (const int64_t *)PyBytes_AS_STRING(units);
+    if (attr_text(tname, &dx->type_name, &dx->type_len) < 0 || attr_text(iname, &dx->id_name, &dx->id_len) < 0 ||
+        attr_text(vname, &dx->version_name, &dx->version_len) < 0)
+        return -1;
+    dx->route = PyMem_Calloc((size_t)PyDict_GET_SIZE(dx->routes) + 1, sizeof(DirectRoute));
+    if (dx->route == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t at = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dx->routes, &at, &key, &value)) {
+        if (read_direct_route(b->held, key, value, &dx->route[dx->n_routes++]) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The plan's scalar rules: the record type, fields, connector, versions and limits. */
+static int read_rules(Batch *b, PyObject *plan) {
+    const char *owner = "BatchPlan";
+    PyObject *held = b->held, *max_key;
+    if (!(b->fixed_type = plan_attr(held, plan, owner, "fixed_type", &PyUnicode_Type, 1)) ||
+        !(b->type_field = plan_attr(held, plan, owner, "type_field", &PyUnicode_Type, 1)) ||
+        !(b->id_field = plan_attr(held, plan, owner, "id_field", &PyUnicode_Type, 0)) ||
+        !(b->connector = plan_attr(held, plan, owner, "connector", &PyUnicode_Type, 0)) ||
+        !(b->version_field = plan_attr(held, plan, owner, "version_field", &PyUnicode_Type, 0)) ||
+        !(b->declared = plan_attr(held, plan, owner, "declared", &PyLong_Type, 1)) ||
+        !(b->shallow = plan_attr(held, plan, owner, "shallow", &PyFrozenSet_Type, 0)) ||
+        !(b->too_long = plan_attr(held, plan, owner, "too_long", &PySet_Type, 0)) ||
+        !(max_key = plan_attr(held, plan, owner, "max_key", &PyLong_Type, 0)))
+        return -1;
+    if (b->fixed_type == Py_None && b->type_field == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "BatchPlan: fixed_type and type_field are both None");
+        return -1;
+    }
+    b->max_key = PyLong_AsSsize_t(max_key);
+    return b->max_key == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The repeat memories: all four or none; the callbacks. */
+static int read_memories(Batch *b, PyObject *plan) {
+    const char *owner = "BatchPlan";
+    PyObject *held = b->held;
+    if (!(b->seen_lines = plan_attr(held, plan, owner, "seen_lines", &PyDict_Type, 1)) ||
+        !(b->seen_keys = plan_attr(held, plan, owner, "seen_keys", &PyDict_Type, 1)) ||
+        !(b->skipped = plan_attr(held, plan, owner, "skipped", &PyDict_Type, 1)) ||
+        !(b->fresh = plan_attr(held, plan, owner, "fresh", &PyList_Type, 1)) ||
+        !(b->in_batch = plan_attr(held, plan, owner, "in_batch", &PyList_Type, 0)) ||
+        !(b->on_unknown = plan_attr(held, plan, owner, "on_unknown", NULL, 0)) ||
+        !(b->decline = plan_attr(held, plan, owner, "decline", NULL, 0)))
+        return -1;
+    b->repeats = b->seen_lines != Py_None;
+    if ((b->seen_keys != Py_None) != b->repeats || (b->skipped != Py_None) != b->repeats ||
+        (b->fresh != Py_None) != b->repeats) {
+        PyErr_SetString(PyExc_ValueError, "BatchPlan: seen_lines, seen_keys, skipped and fresh are all None or none is");
+        return -1;
+    }
+    if (!PyCallable_Check(b->on_unknown) || !PyCallable_Check(b->decline)) {
+        PyErr_SetString(PyExc_TypeError, "BatchPlan.on_unknown and BatchPlan.decline must be callable");
+        return -1;
+    }
+    return 0;
+}
+
+static int read_plan(Batch *b, PyObject *plan, Py_ssize_t lines) {
+    static const char *outs[] = {"out_input", "out_type", "out_key", "out_ext", "out_hash",
+                                 "out_payload", "out_extra", "out_props", "out_errors"};
+    PyObject **slots[] = {&b->out_input, &b->out_type, &b->out_key, &b->out_ext, &b->out_hash,
+                          &b->out_payload, &b->out_extra, &b->out_props, &b->out_errors};
+    for (int k = 0; k < 9; k++)
+        if (!(*slots[k] = plan_attr(b->held, plan, "BatchPlan", outs[k], &PyList_Type, 0)))
+            return -1;
+    if (!(b->routes = plan_attr(b->held, plan, "BatchPlan", "routes", &PyDict_Type, 0)) || read_rules(b, plan) < 0 ||
+        read_memories(b, plan) < 0)
+        return -1;
+    b->route = PyMem_Calloc((size_t)PyDict_GET_SIZE(b->routes) + 1, sizeof(Route));
+    if (b->route == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t at = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(b->routes, &at, &key, &value))
+        if (read_route(b->held, key, value, &b->route[b->n_routes++]) < 0)
+            return -1;
+    PyObject *direct = plan_attr(b->held, plan, "BatchPlan", "direct", NULL, 0);
+    if (direct == NULL)
+        return -1;
+    b->use_direct = direct != Py_None;
+    return b->use_direct ? read_direct(b, direct, lines) : 0;
+}
+
+static void free_plan(Batch *b) {
+    for (Py_ssize_t r = 0; r < b->dx.n_routes; r++)
+        PyMem_Free(b->dx.route[r].dims);
+    PyMem_Free(b->dx.route);
+    PyMem_Free(b->route);
+    Py_XDECREF(b->held);
+}
+
+/* The route of record_type in `map` (a routes dict), as read: NULL with no error if it has none. */
+static Route *find_route(Batch *b, PyObject *record_type) {
+    PyObject *plan = PyDict_GetItemWithError(b->routes, record_type);
+    for (Py_ssize_t r = 0; plan != NULL && r < b->n_routes; r++)
+        if (b->route[r].plan == plan)
+            return &b->route[r];
+    if (plan != NULL) /* the dict changed since the plan was read */
+        PyErr_SetString(PyExc_RuntimeError, "BatchPlan.routes changed during the batch");
+    return NULL;
+}
+
+static DirectRoute *find_direct_route(Direct *dx, PyObject *record_type) {
+    PyObject *plan = PyDict_GetItemWithError(dx->routes, record_type);
+    for (Py_ssize_t r = 0; plan != NULL && r < dx->n_routes; r++)
+        if (dx->route[r].plan == plan)
+            return &dx->route[r];
+    if (plan != NULL)
+        PyErr_SetString(PyExc_RuntimeError, "BatchPlan.direct.routes changed during the batch");
+    return NULL;
+}
+
+static int same_key(Scratch *cx, Node *k, const char *name, Py_ssize_t len) {
+    return name != NULL && k->len == len && memcmp(cx->line_bytes + k->start, name, (size_t)len) == 0;
+}
+
+/* The record's id and record-type nodes (-1: none), its keys all plain and no schema version
+   stated: 1; else 0 (the dict path checks it). */
+static int direct_fields(Scratch *cx, Direct *dx, Node *obj, Py_ssize_t *type_node, Py_ssize_t *id_node) {
+    *type_node = *id_node = -1;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
-        Node *k = &nodes[kids[obj->start + 2 * m]];
+        Node *k = &cx->nodes[cx->kids[obj->start + 2 * m]];
         if (!k->plain)
             return 0;
-        if (same_key(k, dx->version_name, dx->version_len))
+        if (same_key(cx, k, dx->version_name, dx->version_len))
             return 0; /* a stated schema version: the dict path checks it */
-        if (same_key(k, dx->type_name, dx->type_len))
-            type_node = kids[obj->start + 2 * m + 1];
-        if (same_key(k, dx->id_name, dx->id_len))
-            id_node = kids[obj->start + 2 * m + 1];
+        if (same_key(cx, k, dx->type_name, dx->type_len))
+            *type_node = cx->kids[obj->start + 2 * m + 1];
+        if (same_key(cx, k, dx->id_name, dx->id_len))
+            *id_node = cx->kids[obj->start + 2 * m + 1];
     }
-    if (id_node < 0 || nodes[id_node].kind != N_STR || !nodes[id_node].plain || nodes[id_node].len == 0)
-        return 0;
-    PyObject *record_type;
-    if (fixed_type != Py_None) {
-        record_type = fixed_type;
-        Py_INCREF(record_type);
-    } else {
-        if (type_node < 0 || nodes[type_node].kind != N_STR)
-            return 0;
-        record_type = key_of(&nodes[type_node]);
-        if (record_type == NULL)
-            return PyErr_Occurred() ? -1 : 0;
+    Node *id = *id_node < 0 ? NULL : &cx->nodes[*id_node];
+    return id != NULL && id->kind == N_STR && id->plain && id->len > 0;
+}
+
+/* Each column's value node (col_node, -1: missing): 1; an unknown field (unless the table
+   drops them): 0; -1 on a Python error. */
+static int direct_columns(Scratch *cx, DirectRoute *route, Node *obj) {
+    if (grow((void **)&cx->col_node, &cx->cap_col_node, route->ncols + 1, sizeof(Py_ssize_t)) < 0) {
+        PyErr_NoMemory();
+        return -1;
     }
-    int status = 0;
-    PyObject *key = NULL;
-    PyObject *route = PyDict_GetItemWithError(dx->routes, record_type);
-    if (route == NULL) {
-        status = PyErr_Occurred() ? -1 : 0;
-        goto done;
-    }
-    PyObject *fields = PyTuple_GET_ITEM(route, 0), *kinds = PyTuple_GET_ITEM(route, 1);
-    PyObject *required = PyTuple_GET_ITEM(route, 2), *dims = PyTuple_GET_ITEM(route, 3);
-    Py_ssize_t emitted = PyLong_AsSsize_t(PyTuple_GET_ITEM(route, 4));
-    int drop_unknown = PyObject_IsTrue(PyTuple_GET_ITEM(route, 5));
-    PyObject *rows = PyTuple_GET_ITEM(route, 6), *keys = PyTuple_GET_ITEM(route, 7), *ends = PyTuple_GET_ITEM(route, 8);
-    Py_ssize_t ncols = PyBytes_GET_SIZE(kinds);
-    const char *kind = PyBytes_AS_STRING(kinds), *need = PyBytes_AS_STRING(required);
-    if (ncols > MAX_DIRECT_COLUMNS)
-        goto done;
-    for (Py_ssize_t c = 0; c < ncols; c++)
-        col_node[c] = -1;
+    for (Py_ssize_t c = 0; c < route->ncols; c++)
+        cx->col_node[c] = -1;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
-        PyObject *name = key_of(&nodes[kids[obj->start + 2 * m]]);
-        if (name == NULL) {
-            status = PyErr_Occurred() ? -1 : 0;
-            goto done;
-        }
-        PyObject *at = PyDict_GetItemWithError(fields, name);
+        PyObject *name = key_of(cx, &cx->nodes[cx->kids[obj->start + 2 * m]]);
+        if (name == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        PyObject *at = PyDict_GetItemWithError(route->fields, name);
         Py_DECREF(name);
         if (at == NULL) {
-            if (PyErr_Occurred()) {
-                status = -1;
-                goto done;
-            }
-            if (drop_unknown)
+            if (PyErr_Occurred())
+                return -1;
+            if (route->drop_unknown)
                 continue;
-            goto done; /* an unknown field: _extra and _props, or a strict reject */
+            return 0; /* an unknown field: _extra and _props, or a strict reject */
         }
         Py_ssize_t c = PyLong_AsSsize_t(at);
-        if (c >= 0 && c < ncols)
-            col_node[c] = kids[obj->start + 2 * m + 1];
+        if (c == -1 && PyErr_Occurred())
+            return -1;
+        if (c >= 0 && c < route->ncols)
+            cx->col_node[c] = cx->kids[obj->start + 2 * m + 1];
     }
-    /* The key, as records.py makes it: <namespace>:<type>:<ext id>:<sha1[:12]>. */
+    return 1;
+}
+
+/* The key, as records.py makes it: <namespace>:<type>:<ext id>:<sha1[:12]>, into keytext (its
+   length in *key_len) and *key: 1; longer than max_key: 0; -1 on a Python error. */
+static int direct_key(Scratch *cx, Batch *b, PyObject *record_type, Node *id, const char hex[40], PyObject **key,
+                      Py_ssize_t *key_len) {
     Py_ssize_t ns_len, type_len;
-    const char *ns = PyUnicode_AsUTF8AndSize(connector, &ns_len);
+    const char *ns = PyUnicode_AsUTF8AndSize(b->connector, &ns_len);
     const char *type_text = ns ? PyUnicode_AsUTF8AndSize(record_type, &type_len) : NULL;
-    if (type_text == NULL) {
-        status = -1;
-        goto done;
-    }
-    Node *id = &nodes[id_node];
-    Py_ssize_t key_len = ns_len + 1 + type_len + 1 + id->len + 1 + 12;
-    if (grow((void **)&keytext, &cap_keytext, key_len, 1) < 0) {
+    if (type_text == NULL)
+        return -1;
+    *key_len = ns_len + 1 + type_len + 1 + id->len + 1 + 12;
+    if (grow((void **)&cx->keytext, &cx->cap_keytext, *key_len, 1) < 0) {
         PyErr_NoMemory();
-        status = -1;
-        goto done;
+        return -1;
     }
-    unsigned char *kt = keytext;
+    unsigned char *kt = cx->keytext;
     memcpy(kt, ns, (size_t)ns_len);
     kt += ns_len;
     *kt++ = ':';
     memcpy(kt, type_text, (size_t)type_len);
     kt += type_len;
     *kt++ = ':';
-    memcpy(kt, line_bytes + id->start, (size_t)id->len);
+    memcpy(kt, cx->line_bytes + id->start, (size_t)id->len);
     kt += id->len;
     *kt++ = ':';
     memcpy(kt, hex, 12);
-    key = PyUnicode_DecodeUTF8((const char *)keytext, key_len, NULL);
-    if (key == NULL) {
-        status = -1;
-        goto done;
-    }
-    if (PyUnicode_GET_LENGTH(key) > max_key)
-        goto done;
-    /* The row: 11 staged system columns, then the typed ones. */
-    n_row = 0;
-    if (row_reserve(2) < 0) {
-        status = -1;
-        goto done;
-    }
-    put_u16((uint16_t)(11 + emitted));
+    *key = PyUnicode_DecodeUTF8((const char *)cx->keytext, *key_len, NULL);
+    if (*key == NULL)
+        return -1;
+    return PyUnicode_GET_LENGTH(*key) <= b->max_key;
+}
+
+/* The row's field count and its 11 staged system columns: 1; not sure: 0; -1 on a Python error. */
+static int direct_system(Scratch *cx, Direct *dx, Py_ssize_t i, PyObject *raw, Node *id, const char hex[40],
+                         Py_ssize_t key_len, Py_ssize_t emitted) {
+    cx->n_row = 0;
+    if (row_reserve(cx, 2) < 0)
+        return -1;
+    put_u16(cx, (uint16_t)(11 + emitted));
     if (dx->units[i] < 0 || dx->units[i] >= PyList_GET_SIZE(dx->prefixes))
-        goto done; /* no prefix for its unit: the Arrow path says what that means */
+        return 0; /* no prefix for its unit: the Arrow path says what that means */
     PyObject *prefix = PyList_GET_ITEM(dx->prefixes, dx->units[i]);
     char number[24];
     int digits = snprintf(number, sizeof number, "%lld", (long long)dx->offsets[i]);
-    if (put_i64(dx->pos[i]) < 0 || put_bytes(keytext, key_len) < 0 || put_bytes(line_bytes + id->start, id->len) < 0 ||
-        put_bytes(hex, 40) < 0 || row_reserve(4 + PyBytes_GET_SIZE(prefix) + digits) < 0) {
-        status = -1;
-        goto done;
-    }
-    put_u32((uint32_t)(PyBytes_GET_SIZE(prefix) + digits)); /* _source */
-    memcpy(row + n_row, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix));
-    n_row += PyBytes_GET_SIZE(prefix);
-    memcpy(row + n_row, number, (size_t)digits);
-    n_row += digits;
+    if (put_i64(cx, dx->pos[i]) < 0 || put_bytes(cx, cx->keytext, key_len) < 0 ||
+        put_bytes(cx, cx->line_bytes + id->start, id->len) < 0 || put_bytes(cx, hex, 40) < 0 ||
+        row_reserve(cx, 4 + PyBytes_GET_SIZE(prefix) + digits) < 0)
+        return -1;
+    put_u32(cx, (uint32_t)(PyBytes_GET_SIZE(prefix) + digits)); /* _source */
+    memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix));
+    cx->n_row += PyBytes_GET_SIZE(prefix);
+    memcpy(cx->row + cx->n_row, number, (size_t)digits);
+    cx->n_row += digits;
     /* _payload: jsonb version 1, then the line as received (DESIGN 4: PostgreSQL reads its
        numbers as numeric, exactly; the canonical text's went through doubles). A line end or
        other JSON whitespace in it is whitespace to jsonb too. */
     Py_ssize_t raw_len = PyBytes_GET_SIZE(raw);
     if (raw_len >= 0x7FFFFFFF)
-        goto done;
-    if (row_reserve(5 + raw_len + 5 * 4) < 0) {
-        status = -1;
-        goto done;
-    }
-    put_u32((uint32_t)(1 + raw_len));
-    row[n_row++] = 1;
-    memcpy(row + n_row, PyBytes_AS_STRING(raw), (size_t)raw_len);
-    n_row += raw_len;
+        return 0;
+    if (row_reserve(cx, 5 + raw_len + 5 * 4) < 0)
+        return -1;
+    put_u32(cx, (uint32_t)(1 + raw_len));
+    cx->row[cx->n_row++] = 1;
+    memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(raw), (size_t)raw_len);
+    cx->n_row += raw_len;
     for (int c = 0; c < 5; c++) /* _extra, _props, _meta, _version, _upgraded */
-        put_u32(0xFFFFFFFFu);
-    for (Py_ssize_t c = 0; c < ncols; c++) {
-        Py_ssize_t node = col_node[c];
-        if (node < 0 || nodes[node].kind == N_NULL) {
-            if (need[c])
-                goto done; /* required: the dict path words the reject */
-            if (kind[c] != 'd' && put_null() < 0) {
-                status = -1;
-                goto done;
-            }
+        put_u32(cx, 0xFFFFFFFFu);
+    return 1;
+}
+
+/* The typed columns (dynamic ones are PostgreSQL's, from _payload): 1; not sure: 0; -1. */
+static int direct_typed(Scratch *cx, DirectRoute *route) {
+    for (Py_ssize_t c = 0; c < route->ncols; c++) {
+        Py_ssize_t node = cx->col_node[c];
+        char kind = route->kinds[c];
+        if (node < 0 || cx->nodes[node].kind == N_NULL) {
+            if (route->need[c])
+                return 0; /* required: the dict path words the reject */
+            if (kind != 'd' && put_null(cx) < 0)
+                return -1;
             continue;
         }
-        if (kind[c] == 'd')
-            continue; /* dynamic: PostgreSQL takes it from _payload */
-        Py_ssize_t dim = kind[c] == 'v' ? PyLong_AsSsize_t(PyTuple_GET_ITEM(dims, c)) : 0;
-        int put = put_value(kind[c], node, dim);
-        if (put <= 0) {
-            status = put;
-            goto done;
-        }
+        if (kind == 'd')
+            continue;
+        int put = put_value(cx, kind, node, route->dims[c]);
+        if (put <= 0)
+            return put;
     }
-    if (seen_keys != Py_None) {
-        PyObject *known = PyDict_GetItemWithError(seen_keys, key);
-        if (known != NULL) {
-            status = note_repeat(known, i, in_batch, skipped) < 0 ? -1 : 1;
-            goto done;
-        }
+    return 1;
+}
+
+/* The finished row into its type's buffers, unless it repeats a row of the task (counted):
+   1, or -1 on a Python error. */
+static int direct_keep(Scratch *cx, Batch *b, DirectRoute *route, Py_ssize_t i, PyObject *raw, PyObject *key,
+                       PyObject *record_type) {
+    if (b->seen_keys != Py_None) {
+        PyObject *known = PyDict_GetItemWithError(b->seen_keys, key);
+        if (known != NULL)
+            return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 1;
         /* A direct row is good for sure: its memory entries are final (no settle needed). */
-        if (PyErr_Occurred() || PyDict_SetItem(seen_keys, key, record_type) < 0 ||
-            PyDict_SetItem(seen_lines, raw, record_type) < 0) {
-            status = -1;
-            goto done;
-        }
+        if (PyErr_Occurred() || PyDict_SetItem(b->seen_keys, key, record_type) < 0 ||
+            PyDict_SetItem(b->seen_lines, raw, record_type) < 0)
+            return -1;
     }
-    Py_ssize_t had = PyByteArray_GET_SIZE(rows);
-    if (PyByteArray_Resize(rows, had + n_row) < 0 || PyList_Append(keys, key) < 0) {
-        status = -1;
-        goto done;
+    Py_ssize_t had = PyByteArray_GET_SIZE(route->rows);
+    if (PyByteArray_Resize(route->rows, had + cx->n_row) < 0 || PyList_Append(route->keys, key) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(route->rows) + had, cx->row, (size_t)cx->n_row);
+    return append_steal(route->ends, PyLong_FromSsize_t(had + cx->n_row)) < 0 ? -1 : 1;
+}
+
+/* The parsed record `top` (line i) as a direct row: 1 (staged, or counted as a repeat);
+   not sure: 0 (the dict path takes it); Python error: -1. */
+static int direct_row(Scratch *cx, Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40]) {
+    Direct *dx = &b->dx;
+    Node *obj = &cx->nodes[top];
+    Py_ssize_t type_node, id_node;
+    if (!direct_fields(cx, dx, obj, &type_node, &id_node))
+        return 0;
+    PyObject *record_type = b->fixed_type;
+    if (record_type != Py_None) {
+        Py_INCREF(record_type);
+    } else {
+        if (type_node < 0 || cx->nodes[type_node].kind != N_STR)
+            return 0;
+        record_type = key_of(cx, &cx->nodes[type_node]);
+        if (record_type == NULL)
+            return PyErr_Occurred() ? -1 : 0;
     }
-    memcpy(PyByteArray_AS_STRING(rows) + had, row, (size_t)n_row);
-    status = append_steal(ends, PyLong_FromSsize_t(had + n_row)) < 0 ? -1 : 1;
-done:
+    PyObject *key = NULL;
+    Py_ssize_t key_len = 0;
+    Node *id = &cx->nodes[id_node];
+    DirectRoute *route = find_direct_route(dx, record_type);
+    int status = route == NULL ? (PyErr_Occurred() ? -1 : 0) : direct_columns(cx, route, obj);
+    if (status > 0)
+        status = direct_key(cx, b, record_type, id, hex, &key, &key_len);
+    if (status > 0)
+        status = direct_system(cx, dx, i, raw, id, hex, key_len, route->emitted);
+    if (status > 0)
+        status = direct_typed(cx, route);
+    if (status > 0)
+        status = direct_keep(cx, b, route, i, raw, key, record_type);
     Py_XDECREF(key);
     Py_DECREF(record_type);
     return status;
 }
 
 PyDoc_STRVAR(coerce_lines_doc,
-             "coerce_lines(raws: list, start: int, plan: tuple) -> int\n\n"
-             "Run records.py's per-record loop over raws[start:] for the records it is sure of,\n"
-             "appending to the batch's lists and dicts held by `plan` (see native.NativePlan);\n"
-             "return the index of the first record the Python loop must take (len(raws) at the end).");
+             "coerce_lines(raws: list, plan: BatchPlan) -> None\n\n"
+             "Run records.py's per-record loop over raws: the records it is sure of here, appending\n"
+             "to the batch's lists and dicts held by `plan` (see native.BatchPlan); every other one\n"
+             "through plan.decline(index), in input order. The plan is read and checked once.");
+
+/* Before parsing: 2 (parse it), 1 (a repeat of an earlier line, counted), 0 (the Python loop
+   decides: no value, blank, not an object, too long), -1 (a Python error). */
+static int line_gate(Batch *b, Py_ssize_t i, PyObject *raw) {
+    if (!PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) == 0)
+        return 0; /* no value, or blank */
+    const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(raw);
+    Py_ssize_t size = PyBytes_GET_SIZE(raw), lead = 0;
+    while (lead < size && (bytes[lead] == ' ' || bytes[lead] == '\t' || bytes[lead] == '\n' || bytes[lead] == '\r'))
+        lead++;
+    if (lead == size || bytes[lead] != '{')
+        return 0; /* blank, or not an object: the Python loop words it */
+    if (b->repeats) {
+        PyObject *known = PyDict_GetItemWithError(b->seen_lines, raw);
+        if (known != NULL)
+            return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 1;
+        if (PyErr_Occurred())
+            return -1;
+    }
+    if (PySet_GET_SIZE(b->too_long)) {
+        PyObject *index = PyLong_FromSsize_t(i);
+        int over = index ? PySet_Contains(b->too_long, index) : -1;
+        Py_XDECREF(index);
+        if (over != 0)
+            return over < 0 ? -1 : 0;
+    }
+    return 2;
+}
+
+/* The record's version against its table's: 1 (current), 0 (the Python loop upgrades or
+   rejects it), -1 (a Python error). */
+static int current_version(Batch *b, PyObject *record, Route *route) {
+    PyObject *version = PyDict_GetItemWithError(record, b->version_field);
+    if (version == NULL && PyErr_Occurred())
+        return -1;
+    if (version == NULL)
+        version = b->declared;
+    if (version != Py_None) {
+        if (!PyLong_CheckExact(version))
+            return 0;
+        return PyObject_RichCompareBool(version, route->current, Py_EQ);
+    }
+    return b->declared == Py_None; /* "schema_version": null states nothing: the connector's applies */
+}
+
+/* Whether the record holds a field its table does not know: 1, 0, or -1 (a Python error). */
+static int has_unknown_field(PyObject *record, Route *route) {
+    if (route->known == Py_None)
+        return 0;
+    Py_ssize_t pos = 0;
+    PyObject *name, *value;
+    while (PyDict_Next(record, &pos, &name, &value)) {
+        int has = PySet_Contains(route->known, name);
+        if (has <= 0)
+            return has < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* The repeat memories of a new row: its key and line point at its row until settled. 1 (a
+   new row), 2 (a repeat, counted), -1 (a Python error). */
+static int remember_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *key, Py_ssize_t out_row) {
+    PyObject *known = PyDict_GetItemWithError(b->seen_keys, key);
+    if (known != NULL)
+        return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 2;
+    if (PyErr_Occurred())
+        return -1;
+    PyObject *at = PyLong_FromSsize_t(out_row);
+    if (at == NULL || PyDict_SetItem(b->seen_keys, key, at) < 0 || PyDict_SetItem(b->seen_lines, raw, at) < 0 ||
+        append_steal(b->fresh, PyTuple_Pack(3, raw, key, at)) < 0) {
+        Py_XDECREF(at);
+        return -1;
+    }
+    Py_DECREF(at);
+    return 1;
+}
+
+/* The row's output columns, and its table's row and record (a strict table notes the
+   unknown fields of its local index: after the row is the table's). 1, or -1. */
+static int append_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *record, PyObject *record_type, Route *route,
+                      PyObject *key, PyObject *ext_id, PyObject *digest, int has_unknown, Py_ssize_t out_row) {
+    PyObject *unknown = NULL;
+    if (append_steal(route->rows, PyLong_FromSsize_t(out_row)) < 0 || PyList_Append(route->records, record) < 0)
+        return -1;
+    if (has_unknown) {
+        unknown = PyObject_CallFunctionObjArgs(b->on_unknown, route->table, record, record_type, NULL);
+        if (unknown == NULL || !PyTuple_CheckExact(unknown) || PyTuple_GET_SIZE(unknown) != 2) {
+            if (unknown != NULL)
+                PyErr_SetString(PyExc_TypeError, "BatchPlan.on_unknown must return (extra, props)");
+            Py_XDECREF(unknown);
+            return -1;
+        }
+    }
+    int status = PyList_Append(b->out_extra, unknown ? PyTuple_GET_ITEM(unknown, 0) : Py_None) < 0 ||
+                 PyList_Append(b->out_props, unknown ? PyTuple_GET_ITEM(unknown, 1) : Py_None) < 0 ||
+                 append_steal(b->out_input, PyLong_FromSsize_t(i)) < 0 || PyList_Append(b->out_type, record_type) < 0 ||
+                 PyList_Append(b->out_key, key) < 0 || PyList_Append(b->out_ext, ext_id) < 0 ||
+                 PyList_Append(b->out_hash, digest) < 0 || PyList_Append(b->out_payload, raw) < 0 ||
+                 PyList_Append(b->out_errors, Py_None) < 0;
+    Py_XDECREF(unknown);
+    return status ? -1 : 1;
+}
+
+/* A parsed record on the dict path: 1 (its row appended, or a repeat counted), 0 (the Python
+   loop decides), -1 (a Python error). */
+static int dict_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *record, PyObject *digest) {
+    PyObject *record_type = b->fixed_type;
+    if (record_type == Py_None && (record_type = PyDict_GetItemWithError(record, b->type_field)) == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyUnicode_CheckExact(record_type))
+        return 0;
+    Route *route = find_route(b, record_type);
+    if (route == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *ext_id = PyDict_GetItemWithError(record, b->id_field);
+    if (ext_id == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyUnicode_CheckExact(ext_id) || PyUnicode_GET_LENGTH(ext_id) == 0 || !plain_id(ext_id))
+        return 0;
+    int ok = current_version(b, record, route);
+    int has_unknown = ok > 0 ? has_unknown_field(record, route) : 0;
+    if (ok <= 0 || has_unknown < 0)
+        return has_unknown < 0 ? -1 : ok;
+    PyObject *key = PyUnicode_FromFormat("%U:%U:%U:%.12s", b->connector, record_type, ext_id, PyUnicode_AsUTF8(digest));
+    if (key == NULL)
+        return -1;
+    Py_ssize_t out_row = PyList_GET_SIZE(b->out_input);
+    ok = PyUnicode_GET_LENGTH(key) > b->max_key ? 0 : b->repeats ? remember_row(b, i, raw, key, out_row) : 1;
+    if (ok == 1)
+        ok = append_row(b, i, raw, record, record_type, route, key, ext_id, digest, has_unknown, out_row);
+    Py_DECREF(key);
+    return ok;
+}
+
+/* Line i: 1 (taken: a row, a direct row or a counted repeat), 0 (the Python loop decides),
+   -1 (a Python error). */
+static int coerce_one(Scratch *cx, Batch *b, Py_ssize_t i, PyObject *raw) {
+    int gate = line_gate(b, i, raw);
+    if (gate != 2)
+        return gate;
+    char hex[40];
+    Py_ssize_t top = parse_line(cx, (const unsigned char *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), hex);
+    if (top < 0)
+        return top == -1 ? -1 : 0;
+    if (b->use_direct) {
+        int taken = direct_row(cx, b, top, i, raw, hex);
+        if (taken != 0)
+            return taken;
+    }
+    PyObject *record, *canonical, *digest;
+    if (build_record(cx, top, hex, b->shallow, &record, &canonical, &digest) < 0)
+        return -1;
+    int ok = dict_row(b, i, raw, record, digest);
+    Py_DECREF(record);
+    Py_DECREF(canonical);
+    Py_DECREF(digest);
+    return ok;
+}
 
 static PyObject *coerce_lines(PyObject *self, PyObject *args) {
     PyObject *raws, *plan;
-    Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "O!nO!", &PyList_Type, &raws, &start, &PyTuple_Type, &plan))
+    if (!PyArg_ParseTuple(args, "O!O:coerce_lines", &PyList_Type, &raws, &plan))
         return NULL;
-    PyObject *out_input, *out_type, *out_key, *out_ext, *out_hash, *out_payload, *out_extra, *out_props,
-        *out_errors, *routes, *fixed_type, *type_field, *id_field, *connector, *version_field, *declared,
-        *shallow, *too_long, *seen_lines, *seen_keys, *skipped, *fresh, *in_batch, *on_unknown, *direct;
-    Py_ssize_t max_key;
-    if (!PyArg_ParseTuple(plan, "O!O!O!O!O!O!O!O!O!O!OOUUUOO!O!nOOOOO!OO:NativePlan", &PyList_Type, &out_input,
-                          &PyList_Type, &out_type, &PyList_Type, &out_key, &PyList_Type, &out_ext, &PyList_Type,
-                          &out_hash, &PyList_Type, &out_payload, &PyList_Type, &out_extra, &PyList_Type, &out_props,
-                          &PyList_Type, &out_errors, &PyDict_Type, &routes, &fixed_type, &type_field, &id_field,
-                          &connector, &version_field, &declared, &PyFrozenSet_Type, &shallow, &PySet_Type,
-                          &too_long, &max_key, &seen_lines, &seen_keys, &skipped, &fresh, &PyList_Type, &in_batch,
-                          &on_unknown, &direct))
+    Py_ssize_t n = PyList_GET_SIZE(raws);
+    Batch b = {0};
+    Scratch scratch = {0}, *cx = &scratch;
+    if ((b.held = PyList_New(0)) == NULL || read_plan(&b, plan, n) < 0) {
+        free_plan(&b);
         return NULL;
-    int repeats = seen_lines != Py_None;
-    /* direct: None, or (routes, pos, offsets, units, prefixes, type field, id field, version field) */
-    Direct dx = {0};
-    Py_buffer pos_buf = {0}, offsets_buf = {0}, units_buf = {0};
-    int use_direct = direct != Py_None;
-    if (use_direct) {
-        PyObject *routes_d, *prefixes, *tname, *iname, *vname;
-        if (!PyArg_ParseTuple(direct, "O!y*y*y*O!OOO:DirectPlan", &PyDict_Type, &routes_d, &pos_buf, &offsets_buf,
-                              &units_buf, &PyList_Type, &prefixes, &tname, &iname, &vname))
-            return NULL;
-        dx.routes = routes_d;
-        dx.pos = (const int64_t *)pos_buf.buf;
-        dx.offsets = (const int64_t *)offsets_buf.buf;
-        dx.units = (const int64_t *)units_buf.buf;
-        dx.prefixes = prefixes;
-        Py_ssize_t lines = PyList_GET_SIZE(raws);
-        int bad = pos_buf.len != lines * 8 || offsets_buf.len != lines * 8 || units_buf.len != lines * 8;
-        dx.type_name = tname == Py_None ? NULL : PyUnicode_AsUTF8AndSize(tname, &dx.type_len);
-        dx.id_name = PyUnicode_AsUTF8AndSize(iname, &dx.id_len);
-        dx.version_name = vname == Py_None ? NULL : PyUnicode_AsUTF8AndSize(vname, &dx.version_len);
-        if (bad || dx.id_name == NULL || (tname != Py_None && dx.type_name == NULL) ||
-            (vname != Py_None && dx.version_name == NULL)) {
-            if (bad)
-                PyErr_SetString(PyExc_ValueError, "DirectPlan: one pos, offset and unit per line");
-            PyBuffer_Release(&pos_buf);
-            PyBuffer_Release(&offsets_buf);
-            PyBuffer_Release(&units_buf);
-            return NULL;
-        }
     }
     PyObject *result = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(raws), i;
-    for (i = start; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(raws)) {
+            PyErr_SetString(PyExc_RuntimeError, "coerce_lines: raws changed size during the batch");
+            goto done;
+        }
         PyObject *raw = PyList_GET_ITEM(raws, i);
-        if (!PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) == 0)
-            break; /* no value, or blank */
-        const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(raw);
-        Py_ssize_t size = PyBytes_GET_SIZE(raw);
-        Py_ssize_t lead = 0;
-        while (lead < size && (bytes[lead] == ' ' || bytes[lead] == '\t' || bytes[lead] == '\n' || bytes[lead] == '\r'))
-            lead++;
-        if (lead == size || bytes[lead] != '{')
-            break; /* blank, or not an object: the Python loop words it */
-        if (repeats) {
-            PyObject *known = PyDict_GetItemWithError(seen_lines, raw);
-            if (known != NULL) {
-                if (note_repeat(known, i, in_batch, skipped) < 0)
-                    goto fail;
-                continue;
-            }
-            if (PyErr_Occurred())
-                goto fail;
-        }
-        if (PySet_GET_SIZE(too_long)) {
-            PyObject *index = PyLong_FromSsize_t(i);
-            int over = index ? PySet_Contains(too_long, index) : -1;
-            Py_XDECREF(index);
-            if (over < 0)
-                goto fail;
-            if (over)
-                break;
-        }
-        PyObject *record, *canonical, *digest;
-        char hex[40];
-        Py_ssize_t top = parse_line(bytes, size, hex);
-        if (top == -1)
-            goto fail;
-        if (top < 0)
-            break;
-        if (use_direct) {
-            int taken = direct_row(&dx, top, i, raw, hex, fixed_type, connector, max_key, seen_lines, seen_keys,
-                                   skipped, in_batch);
-            if (taken < 0)
-                goto fail;
-            if (taken)
-                continue;
-        }
-        if (build_record(top, hex, shallow, &record, &canonical, &digest) < 0)
-            goto fail;
-        PyObject *key = NULL, *unknown = NULL;
-        int ok = 0; /* 1: taken; 0: the Python loop decides; -1: error */
-        PyObject *record_type = fixed_type;
-        if (record_type == Py_None) {
-            record_type = PyDict_GetItemWithError(record, type_field);
-            if (record_type == NULL) {
-                ok = PyErr_Occurred() ? -1 : 0;
+        Py_INCREF(raw); /* Python code may run (on_unknown): the line stays ours */
+        int taken = coerce_one(cx, &b, i, raw);
+        Py_DECREF(raw);
+        if (taken < 0)
+            goto done;
+        if (taken == 0) {
+            PyObject *called = PyObject_CallFunction(b.decline, "n", i);
+            if (called == NULL)
                 goto done;
-            }
+            Py_DECREF(called);
         }
-        if (!PyUnicode_CheckExact(record_type))
-            goto done;
-        PyObject *route = PyDict_GetItemWithError(routes, record_type);
-        if (route == NULL) {
-            ok = PyErr_Occurred() ? -1 : 0;
-            goto done;
-        }
-        PyObject *ext_id = PyDict_GetItemWithError(record, id_field);
-        if (ext_id == NULL) {
-            ok = PyErr_Occurred() ? -1 : 0;
-            goto done;
-        }
-        if (!PyUnicode_CheckExact(ext_id) || PyUnicode_GET_LENGTH(ext_id) == 0 || !plain_id(ext_id))
-            goto done;
-        /* route: (rows, records, known field names or None, current schema version, table) */
-        PyObject *rows = PyTuple_GET_ITEM(route, 0), *records = PyTuple_GET_ITEM(route, 1);
-        PyObject *known_fields = PyTuple_GET_ITEM(route, 2), *current = PyTuple_GET_ITEM(route, 3);
-        int has_unknown = 0;
-        PyObject *version = PyDict_GetItemWithError(record, version_field);
-        if (version == NULL && PyErr_Occurred()) {
-            ok = -1;
-            goto done;
-        }
-        if (version == NULL)
-            version = declared;
-        if (version != Py_None) {
-            if (!PyLong_CheckExact(version))
-                goto done;
-            int same = PyObject_RichCompareBool(version, current, Py_EQ);
-            if (same <= 0) {
-                ok = same;
-                goto done;
-            }
-        } else if (declared != Py_None) {
-            goto done; /* "schema_version": null states nothing: the connector's applies */
-        }
-        if (known_fields != Py_None) {
-            Py_ssize_t pos = 0;
-            PyObject *name, *value;
-            while (PyDict_Next(record, &pos, &name, &value)) {
-                int has = PySet_Contains(known_fields, name);
-                if (has < 0) {
-                    ok = -1;
-                    goto done;
-                }
-                if (has == 0) {
-                    has_unknown = 1; /* _extra and _props, or a strict reject: on_unknown says */
-                    break;
-                }
-            }
-        }
-        key = PyUnicode_FromFormat("%U:%U:%U:%.12s", connector, record_type, ext_id, PyUnicode_AsUTF8(digest));
-        if (key == NULL) {
-            ok = -1;
-            goto done;
-        }
-        if (PyUnicode_GET_LENGTH(key) > max_key)
-            goto done;
-        Py_ssize_t row = PyList_GET_SIZE(out_input);
-        if (repeats) {
-            PyObject *known = PyDict_GetItemWithError(seen_keys, key);
-            if (known != NULL) {
-                ok = note_repeat(known, i, in_batch, skipped) < 0 ? -1 : 2;
-                goto done;
-            }
-            if (PyErr_Occurred()) {
-                ok = -1;
-                goto done;
-            }
-            PyObject *at = PyLong_FromSsize_t(row);
-            if (at == NULL || PyDict_SetItem(seen_keys, key, at) < 0 || PyDict_SetItem(seen_lines, raw, at) < 0) {
-                Py_XDECREF(at);
-                ok = -1;
-                goto done;
-            }
-            if (append_steal(fresh, PyTuple_Pack(3, raw, key, at)) < 0) {
-                Py_DECREF(at);
-                ok = -1;
-                goto done;
-            }
-            Py_DECREF(at);
-        }
-        if (append_steal(rows, PyLong_FromSsize_t(row)) < 0 || PyList_Append(records, record) < 0) {
-            ok = -1;
-            goto done;
-        }
-        if (has_unknown) { /* after the row is the table's: a strict table notes its local index */
-            unknown = PyObject_CallFunctionObjArgs(on_unknown, PyTuple_GET_ITEM(route, 4), record, record_type, NULL);
-            if (unknown == NULL || !PyTuple_CheckExact(unknown) || PyTuple_GET_SIZE(unknown) != 2) {
-                if (unknown != NULL)
-                    PyErr_SetString(PyExc_TypeError, "on_unknown must return (extra, props)");
-                ok = -1;
-                goto done;
-            }
-        }
-        if (PyList_Append(out_extra, unknown ? PyTuple_GET_ITEM(unknown, 0) : Py_None) < 0 ||
-            PyList_Append(out_props, unknown ? PyTuple_GET_ITEM(unknown, 1) : Py_None) < 0 ||
-            append_steal(out_input, PyLong_FromSsize_t(i)) < 0 || PyList_Append(out_type, record_type) < 0 ||
-            PyList_Append(out_key, key) < 0 || PyList_Append(out_ext, ext_id) < 0 ||
-            PyList_Append(out_hash, digest) < 0 || PyList_Append(out_payload, raw) < 0 ||
-            PyList_Append(out_errors, Py_None) < 0) {
-            ok = -1;
-            goto done;
-        }
-        ok = 1;
-    done:
-        Py_XDECREF(unknown);
-        Py_XDECREF(key);
-        Py_DECREF(record);
-        Py_DECREF(canonical);
-        Py_DECREF(digest);
-        if (ok < 0)
-            goto fail;
-        if (ok == 0)
-            break;
     }
-    result = PyLong_FromSsize_t(i);
-fail:
-    if (use_direct) {
-        PyBuffer_Release(&pos_buf);
-        PyBuffer_Release(&offsets_buf);
-        PyBuffer_Release(&units_buf);
-    }
+    result = Py_NewRef(Py_None);
+done:
+    scratch_free(cx);
+    free_plan(&b);
     return result;
 }
 

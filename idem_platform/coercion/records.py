@@ -18,12 +18,10 @@ list, set only on rejects) and ``_raw`` (only on rejects).
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,29 +290,6 @@ class RepeatedLines:
             self.unique = False
 
 
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for a batch (if it is on; process-wide).
-
-    A batch keeps every parsed record (a dict of lists and dicts) until its columns
-    are converted: tens of thousands of live containers, which the collector's
-    generation 0 and 1 passes walk again every 700 allocations and its full passes
-    re-scan as they grow. Parsing a threat-feed line and keeping it cost 4.2 µs with
-    the collector on and 1.3 µs with it off (orjson, this machine): about a fifth of
-    all the per-record Python. Parsed JSON holds no reference cycles, so reference
-    counting frees it all the same; the collector is switched back on at the end,
-    and left alone if something else had switched it off.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 class DirectRows:
     """Rows the C path wrote straight into PostgreSQL's binary COPY format, per record type.
 
@@ -357,34 +332,60 @@ def direct_supported(spec: RecordSpec) -> bool:
     )
 
 
-def _direct_plan(
-    spec: RecordSpec, tables: dict[str, _TableRows], direct: DirectRows, units: np.ndarray, offsets: np.ndarray, ignored: frozenset[str]
-) -> tuple[Any, ...]:
+def _direct_plan(batch: _Batch, direct: DirectRows, ignored: frozenset[str]) -> native.DirectPlan:
     """What ``_native.coerce_lines`` needs to write direct rows for this batch."""
+    spec = batch.spec
     routes = {}
-    for name, table in tables.items():
+    for name, table in batch.tables.items():
         columns = table.spec.columns
         fields: dict[str, int] = {c.name: index for index, c in enumerate(columns)}
         for known in ignored:
             fields.setdefault(known, -1)
-        routes[name] = (
-            fields,
-            "".join(_DIRECT_KINDS[c.type.kind] for c in columns).encode(),
-            bytes(int(c.required) for c in columns),
-            tuple(c.type.dim or 0 for c in columns),
-            sum(c.type.kind != "dynamic" for c in columns),
-            table.contract == DROP,
-            direct.rows.setdefault(name, bytearray()),
-            direct.keys.setdefault(name, []),
-            direct.ends.setdefault(name, []),
+        routes[name] = native.DirectRoute(
+            fields=fields,
+            kinds="".join(_DIRECT_KINDS[c.type.kind] for c in columns).encode(),
+            required=bytes(int(c.required) for c in columns),
+            dims=tuple(c.type.dim or 0 for c in columns),
+            emitted=sum(c.type.kind != "dynamic" for c in columns),
+            drop_unknown=table.contract == DROP,
+            rows=direct.rows.setdefault(name, bytearray()),
+            keys=direct.keys.setdefault(name, []),
+            ends=direct.ends.setdefault(name, []),
         )
-    units64 = units.astype(np.int64)
+    units64 = batch.units.astype(np.int64)
     bases = np.asarray([base for _, base in spec.units] or [0], dtype=np.int64)
-    offsets64 = offsets.astype(np.int64)
+    offsets64 = batch.offsets.astype(np.int64)
     pos = (units64 << LINE_BITS) | (offsets64 - bases[units64])
-    return (
-        routes, pos.tobytes(), offsets64.tobytes(), units64.tobytes(), [prefix.encode() for prefix, _ in spec.units],
-        None if spec.record_type is not None else spec.record_type_field, spec.id_field, spec.version_field,
+    return native.DirectPlan(
+        routes=routes, pos=pos.tobytes(), offsets=offsets64.tobytes(), units=units64.tobytes(),
+        prefixes=[prefix.encode() for prefix, _ in spec.units],
+        type_field=None if spec.record_type is not None else spec.record_type_field,
+        id_field=spec.id_field, version_field=spec.version_field,
+    )
+
+
+def _batch_plan(
+    batch: _Batch, decline: Callable[[int], None], direct: DirectRows | None, ignored: frozenset[str]
+) -> native.BatchPlan:
+    """The one place the C path's plan is built: the batch's output lists, rules and memories
+    (the C path appends to the very objects the Python loop uses) and the Python loop itself."""
+    spec, out, repeats = batch.spec, batch.out, batch.repeats
+    return native.BatchPlan(
+        out_input=out.input, out_type=out.type, out_key=out.key, out_ext=out.ext, out_hash=out.hash,
+        out_payload=out.payload, out_extra=out.extra, out_props=out.props, out_errors=out.errors,
+        routes={
+            name: native.RoutePlan(t.rows, t.records, None if t.contract == DROP else t.skip, batch.currents[name], t)
+            for name, t in batch.tables.items()
+        },
+        fixed_type=spec.record_type, type_field=spec.record_type_field, id_field=spec.id_field,
+        connector=spec.connector, version_field=spec.version_field, declared=spec.declared_version,
+        shallow=_shallow_fields(spec), too_long=batch.too_long, max_key=MAX_KEY_LENGTH,
+        seen_lines=repeats.seen if repeats is not None else None,
+        seen_keys=repeats.keys if repeats is not None else None,
+        skipped=repeats.skipped if repeats is not None else None,
+        fresh=batch.fresh if repeats is not None else None,
+        in_batch=batch.repeated_in_batch, on_unknown=_TableRows.unknown_fields, decline=decline,
+        direct=_direct_plan(batch, direct, ignored) if direct is not None else None,
     )
 
 
@@ -404,154 +405,235 @@ def coerce_batch(
     With ``direct`` (the commit path, when :func:`direct_supported`), the ordinary
     records go to ``direct`` as staging rows instead of into the returned batch.
     """
-    with cyclic_gc_paused():
-        return _coerce_batch(batch, spec, repeats, direct if direct is not None and direct_supported(spec) else None)
+    return _coerce_batch(batch, spec, repeats, direct if direct is not None and direct_supported(spec) else None)
 
 
 def _coerce_batch(
-    batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines | None, direct: DirectRows | None = None
+    batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines | None, direct: DirectRows | None
 ) -> pa.RecordBatch:
-    raws = batch.column("_raw").to_pylist()
-    offsets_np = batch.column("_offset").to_numpy(zero_copy_only=False)
-    units_np = batch.column("_unit").to_numpy(zero_copy_only=False)
-    raw_lengths = batch.column("_raw_length").to_numpy(zero_copy_only=False)
-    if spec.lines:
-        raw_lengths = _without_file_bom(raws, offsets_np, raw_lengths)
-    ignored = spec.ignored_fields | {spec.id_field, spec.version_field} | ({spec.record_type_field} if spec.record_type_field else set())
-    tables = {
-        name: _TableRows(table, frozenset(ignored), spec.contract(name)) for name, table in spec.tables.items()
-    }
-    # A drop table never looks at unknown fields: its known set is None.
-    routes = {
-        name: (t.rows.append, t.records.append, None if t.contract == DROP else t.skip, t)
-        for name, t in tables.items()
-    }
-    fixed_type = spec.record_type
-    type_field = spec.record_type_field
-    id_field = spec.id_field
-    connector = spec.connector
-    prefixes = [prefix for prefix, _ in spec.units]
-    noun = spec.noun
-    lines = spec.lines
-    max_line_bytes = spec.max_line_bytes
-    too_long = set(np.flatnonzero(raw_lengths > max_line_bytes).tolist()) if len(raws) else set()
-    sha1 = hashlib.sha1
-    positional_ids = spec.missing_id == "position"
-    seen_lines: dict[bytes, str | int] = repeats.seen if repeats is not None else {}
-    seen_keys: dict[str, str | int] = repeats.keys if repeats is not None else {}
-    version_field, declared = spec.version_field, spec.declared_version
-    currents = {name: table.schema_version for name, table in spec.tables.items()}
-    upgraded: dict[int, tuple[int, dict[str, Any], str]] = {}  # input index -> (version, upgraded record, its JSON)
-
-    out_input: list[int] = []  # input index of every output row
-    out_type: list[str | None] = []
-    out_key: list[str | None] = []
-    out_ext: list[str | None] = []
-    out_hash: list[str | None] = []
-    # _payload is the record's own bytes (DESIGN §4: every number exactly as sent): PostgreSQL's
-    # jsonb reads them as numeric, where the canonical form (the key's) went through doubles.
-    out_payload: list[bytes | None] = []
-    out_extra: list[str | None] = []
-    out_props: list[str | None] = []
-    out_errors: list[str | None] = []
-    repeated_in_batch: list[tuple[int, int]] = []  # (input index, row of the first occurrence)
-    fresh: list[tuple[bytes | None, str, int]] = []  # rows first seen in this batch
-
-    indices: Iterator[int] | range = range(len(raws))
+    """The steps of :func:`coerce_batch`: each line to a row (C or Python), the columns, the repeats."""
+    state = _Batch.read(batch, spec, repeats)
+    take = _line_loop(state)
     if native.enabled():
-        # The C path takes the ordinary records, appending to these same lists and dicts;
-        # this loop sees only those it hands over (see coercion/native.py).
-        plan = (
-            out_input, out_type, out_key, out_ext, out_hash, out_payload, out_extra, out_props, out_errors,
-            {name: (t.rows, t.records, routes[name][2], currents[name], t) for name, t in tables.items()},
-            fixed_type, type_field, id_field, connector, version_field, declared,
-            _shallow_fields(spec), too_long, MAX_KEY_LENGTH,
-            *((seen_lines, seen_keys, repeats.skipped, fresh) if repeats is not None else (None,) * 4),
-            repeated_in_batch, _TableRows.unknown_fields,
-            _direct_plan(spec, tables, direct, units_np, offsets_np, ignored) if direct is not None else None,
+        # The C path takes the ordinary records, appending to the same lists and dicts,
+        # and hands every other one to ``take`` (see coercion/native.py).
+        native.coerce_lines(state.raws, _batch_plan(state, take, direct, state.ignored))
+    else:
+        for i in range(len(state.raws)):
+            take(i)
+    converted = _convert_tables(state)
+    if repeats is not None:
+        _settle_repeats(state, repeats)
+    return _output_batch(batch, state, converted)
+
+
+class _Outputs:
+    """The output rows' columns, one list each, in output row order (both paths append)."""
+
+    __slots__ = ("input", "type", "key", "ext", "hash", "payload", "extra", "props", "errors")
+
+    def __init__(self) -> None:
+        self.input: list[int] = []  # input index of every output row
+        self.type: list[str | None] = []
+        self.key: list[str | None] = []
+        self.ext: list[str | None] = []
+        self.hash: list[str | None] = []
+        # _payload is the record's own bytes (DESIGN §4: every number exactly as sent): PostgreSQL's
+        # jsonb reads them as numeric, where the canonical form (the key's) went through doubles.
+        self.payload: list[bytes | None] = []
+        self.extra: list[str | None] = []
+        self.props: list[str | None] = []
+        self.errors: list[str | None] = []
+
+    def reject(self, i: int, errors: str) -> None:
+        """A reject row of input ``i`` with ``errors`` (JSON): nulls but its reasons."""
+        self.input.append(i)
+        for column in (self.type, self.key, self.ext, self.hash, self.payload, self.extra, self.props):
+            column.append(None)
+        self.errors.append(errors)
+
+
+@dataclass
+class _Batch:
+    """One batch in progress: its input columns, its tables' rows and the output columns.
+
+    One object rather than a dozen locals so the batch's steps (the per-line loop, the column
+    conversion, the repeats' settling and the output) are separate functions sharing it.
+    """
+
+    spec: RecordSpec
+    repeats: RepeatedLines | None
+    raws: list[bytes | None]
+    offsets: np.ndarray
+    units: np.ndarray
+    raw_lengths: np.ndarray
+    too_long: set[int]
+    ignored: frozenset[str]
+    tables: dict[str, _TableRows]
+    currents: dict[str, int]
+    out: _Outputs = field(default_factory=_Outputs)
+    # input index -> (version, upgraded record, its JSON)
+    upgraded: dict[int, tuple[int, dict[str, Any], str]] = field(default_factory=dict)
+    repeated_in_batch: list[tuple[int, int]] = field(default_factory=list)  # (input index, row of the first)
+    fresh: list[tuple[bytes | None, str, int]] = field(default_factory=list)  # rows first seen in this batch
+
+    @classmethod
+    def read(cls, batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines | None) -> _Batch:
+        """The input columns as the loop reads them (a file's BOM off its line 1)."""
+        raws = batch.column("_raw").to_pylist()
+        offsets = batch.column("_offset").to_numpy(zero_copy_only=False)
+        raw_lengths = batch.column("_raw_length").to_numpy(zero_copy_only=False)
+        if spec.lines:
+            raw_lengths = _without_file_bom(raws, offsets, raw_lengths)
+        ignored = frozenset(
+            spec.ignored_fields | {spec.id_field, spec.version_field}
+            | ({spec.record_type_field} if spec.record_type_field else set())
         )
-        indices = native.declined(raws, plan)
-    for i in indices:
+        return cls(
+            spec=spec, repeats=repeats, raws=raws, offsets=offsets,
+            units=batch.column("_unit").to_numpy(zero_copy_only=False), raw_lengths=raw_lengths,
+            too_long=set(np.flatnonzero(raw_lengths > spec.max_line_bytes).tolist()) if len(raws) else set(),
+            ignored=ignored,
+            tables={name: _TableRows(table, ignored, spec.contract(name)) for name, table in spec.tables.items()},
+            currents={name: table.schema_version for name, table in spec.tables.items()},
+        )
+
+
+def _line_loop(state: _Batch) -> Callable[[int], None]:
+    """The per-line loop's body, ``take(i)``: line ``i`` becomes a row, a reject or a counted
+    repeat (or nothing: a blank line of a file). Closures over the batch's values (here and in
+    the steps' factories), since the Python path calls it for every line and the C path for
+    every line it declines: a closure's free variables cost what locals do, attributes more."""
+    raws, out, repeats = state.raws, state.out, state.repeats
+    lines = state.spec.lines
+    seen_lines: dict[bytes, str | int] = repeats.seen if repeats is not None else {}
+    repeated_in_batch = state.repeated_in_batch
+    checked, identify, keep = _record_checker(state), _identifier(state), _row_keeper(state)
+    dumps = json.dumps
+
+    def take(i: int) -> None:
+        """Line ``i``: skipped if blank, counted if it repeats a line, else a row or a reject."""
         raw = raws[i]
         blank = not raw or raw.isspace()
         if blank:
             if lines and raw is not None:
-                continue  # a blank line is not a record (its number still counts)
-        else:
-            if repeats is not None:
-                known = seen_lines.get(raw)
-                if known is not None:
-                    if isinstance(known, int):
-                        repeated_in_batch.append((i, known))  # first seen in this batch
-                    else:
-                        repeats.count(known)  # the record type of a line committed earlier
-                    continue
-        try:
-            if blank:
-                if raw is None:
-                    raise _line_error("no_value", f"{noun} has no value (null: a tombstone or a deletion marker)")
-                raise _line_error("blank", f"{noun} is blank")
-            if i in too_long:
-                raise _line_error(
-                    "too_long",
-                    f"{noun} is {int(raw_lengths[i])} bytes long; the limit is {max_line_bytes} (max_line_bytes)",
-                )
-            try:
-                # Trailing "\r\n" is JSON whitespace: no need to strip it first.
-                record, canonical = parse_and_canonicalize(raw)
-            except InvalidJSON as exc:
-                raise _line_error("json", f"{noun} is not valid JSON: {exc}") from None
-            if type(record) is not dict:
-                raise _line_error("not_object", f"{noun} is {json_kind(record)}, not a JSON object")
-            # Both escapes start with a backslash, which most records' canonical form lacks:
-            # ``92 in`` is a memchr, a bytes needle a slower search (~0.5 µs each).
-            if 92 in canonical:
-                if _NUL_ESCAPE in canonical and has_nul(record):
-                    raise _line_error(
-                        "nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store"
-                    )
-                if _SURROGATE_ESCAPE in canonical and (lone := _lone_surrogate(record)) is not None:
-                    raise _line_error(
-                        "surrogate",
-                        f"record contains a lone surrogate (\\u{ord(lone):04x}): not Unicode text, which "
-                        "PostgreSQL cannot store",
-                    )
-            # repeated_key's first test, widened to any backslash and inlined: a call per
-            # record would cost as much as the counts; ``92 in`` is a memchr, ``b"\\" in`` not.
-            if raw.count(58) != canonical.count(58) or 92 in raw:  # ":" and "\"
-                repeated = repeated_key(raw, canonical)
-                if repeated is not None:
-                    raise _repeated_key_error(repeated)
-            if fixed_type is not None:
-                record_type = fixed_type
-            else:
-                routed = record.get(type_field)
-                if type(routed) is str and routed in tables:
-                    record_type = routed
+                return  # a blank line is not a record (its number still counts)
+        elif repeats is not None:
+            known = seen_lines.get(raw)  # type: ignore[arg-type]  # not blank: bytes
+            if known is not None:
+                if isinstance(known, int):
+                    repeated_in_batch.append((i, known))  # first seen in this batch
                 else:
-                    record_type = _route(record, type_field, tables)  # raises the precise reject
-            digest = sha1(canonical).hexdigest()
-            ext_id = record.get(id_field)
-            if type(ext_id) is not str or not ext_id:  # numbers, missing or empty ids, objects: the exact rules
-                source = f"{prefixes[units_np[i]]}{offsets_np[i]}"
-                ext_id = _ext_id(record, id_field, spec.missing_id, source, digest)
-            version = record.get(version_field, declared)  # current records: this lookup is all they pay
-            if version is not None:
-                if type(version) is not int or version != currents[record_type]:
-                    upgraded[i] = _upgrade(record, record_type, version, currents[record_type], spec)
-            elif declared is not None:  # "schema_version": null states nothing: the connector's
-                upgraded[i] = _upgrade(record, record_type, declared, currents[record_type], spec)
+                    repeats.count(known)  # the record type of a line committed earlier
+                return
+        try:
+            record, canonical = checked(i, raw, blank)
+            record_type, digest, ext_id = identify(i, record, canonical)
         except _Reject as reject:
-            out_input.append(i)
-            out_type.append(None)
-            out_key.append(None)
-            out_ext.append(None)
-            out_hash.append(None)
-            out_payload.append(None)
-            out_extra.append(None)
-            out_props.append(None)
-            out_errors.append(json.dumps(reject.errors, ensure_ascii=False))
-            continue
+            out.reject(i, dumps(reject.errors, ensure_ascii=False))
+            return
+        keep(i, raw, record, record_type, digest, ext_id)  # type: ignore[arg-type]  # parsed: bytes
+
+    return take
+
+
+def _record_checker(state: _Batch) -> Callable[[int, bytes | None, bool], tuple[dict[str, Any], bytes]]:
+    """``checked(i, raw, blank)``: line ``i`` parsed, with its canonical bytes; or the reject
+    every check of the contract words (no value, blank, too long, not JSON, not an object,
+    NUL, a lone surrogate, a repeated key). The definition the C path agrees with."""
+    noun, too_long, raw_lengths, limit = state.spec.noun, state.too_long, state.raw_lengths, state.spec.max_line_bytes
+
+    def checked(i: int, raw: bytes | None, blank: bool) -> tuple[dict[str, Any], bytes]:
+        if blank or raw is None:
+            if raw is None:
+                raise _line_error("no_value", f"{noun} has no value (null: a tombstone or a deletion marker)")
+            raise _line_error("blank", f"{noun} is blank")
+        if i in too_long:
+            raise _line_error(
+                "too_long", f"{noun} is {int(raw_lengths[i])} bytes long; the limit is {limit} (max_line_bytes)"
+            )
+        try:
+            # Trailing "\r\n" is JSON whitespace: no need to strip it first.
+            record, canonical = parse_and_canonicalize(raw)
+        except InvalidJSON as exc:
+            raise _line_error("json", f"{noun} is not valid JSON: {exc}") from None
+        if type(record) is not dict:
+            raise _line_error("not_object", f"{noun} is {json_kind(record)}, not a JSON object")
+        # Both escapes start with a backslash, which most records' canonical form lacks:
+        # ``92 in`` is a memchr, a bytes needle a slower search (~0.5 µs each).
+        if 92 in canonical:
+            if _NUL_ESCAPE in canonical and has_nul(record):
+                raise _line_error("nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store")
+            if _SURROGATE_ESCAPE in canonical and (lone := _lone_surrogate(record)) is not None:
+                raise _line_error(
+                    "surrogate",
+                    f"record contains a lone surrogate (\\u{ord(lone):04x}): not Unicode text, which "
+                    "PostgreSQL cannot store",
+                )
+        # repeated_key's first test, widened to any backslash and inlined: a call per
+        # record would cost as much as the counts; ``92 in`` is a memchr, ``b"\\" in`` not.
+        if raw.count(58) != canonical.count(58) or 92 in raw:  # ":" and "\"
+            repeated = repeated_key(raw, canonical)
+            if repeated is not None:
+                raise _repeated_key_error(repeated)
+        return record, canonical
+
+    return checked
+
+
+def _identifier(state: _Batch) -> Callable[[int, dict[str, Any], bytes], tuple[str, str, str]]:
+    """``identify(i, record, canonical)``: a parsed record's ``(record type, SHA-1 of its
+    canonical bytes, external id)``, its upgrade noted in ``state.upgraded`` if it is older
+    than its table; or the reject (record type, id, schema version, migration)."""
+    spec, tables, currents, upgraded, units, offsets = (
+        state.spec, state.tables, state.currents, state.upgraded, state.units, state.offsets
+    )
+    fixed_type, type_field, id_field, missing_id = spec.record_type, spec.record_type_field, spec.id_field, spec.missing_id
+    version_field, declared = spec.version_field, spec.declared_version
+    prefixes = [prefix for prefix, _ in spec.units]
+    sha1 = hashlib.sha1
+
+    def identify(i: int, record: dict[str, Any], canonical: bytes) -> tuple[str, str, str]:
+        if fixed_type is not None:
+            record_type = fixed_type
+        else:
+            routed = record.get(type_field)  # type: ignore[arg-type]  # _route says why it is None
+            if type(routed) is str and routed in tables:
+                record_type = routed
+            else:
+                record_type = _route(record, type_field, tables)  # raises the precise reject
+        digest = sha1(canonical).hexdigest()
+        ext_id = record.get(id_field)
+        if type(ext_id) is not str or not ext_id:  # numbers, missing or empty ids, objects: the exact rules
+            source = f"{prefixes[units[i]]}{offsets[i]}"
+            ext_id = _ext_id(record, id_field, missing_id, source, digest)
+        version = record.get(version_field, declared)  # current records: this lookup is all they pay
+        if version is not None:
+            if type(version) is not int or version != currents[record_type]:
+                upgraded[i] = _upgrade(record, record_type, version, currents[record_type], spec)
+        elif declared is not None:  # "schema_version": null states nothing: the connector's
+            upgraded[i] = _upgrade(record, record_type, declared, currents[record_type], spec)
+        return record_type, digest, ext_id
+
+    return identify
+
+
+def _row_keeper(state: _Batch) -> Callable[[int, bytes, dict[str, Any], str, str, str], None]:
+    """``keep(i, raw, record, record type, digest, ext id)``: a good record's row: its key, then
+    (unless it repeats a row of the task, which is only counted) its table's record and its
+    output columns."""
+    spec, out, repeats, tables, upgraded = state.spec, state.out, state.repeats, state.tables, state.upgraded
+    out_input = out.input
+    connector, id_field, positional_ids = spec.connector, spec.id_field, spec.missing_id == "position"
+    seen_lines: dict[bytes, str | int] = repeats.seen if repeats is not None else {}
+    seen_keys: dict[str, str | int] = repeats.keys if repeats is not None else {}
+    repeated_in_batch, fresh = state.repeated_in_batch, state.fresh
+    add_input, add_type, add_key, add_ext, add_hash = (
+        out.input.append, out.type.append, out.key.append, out.ext.append, out.hash.append
+    )
+    add_payload, add_extra, add_props, add_errors = out.payload.append, out.extra.append, out.props.append, out.errors.append
+
+    def keep(i: int, raw: bytes, record: dict[str, Any], record_type: str, digest: str, ext_id: str) -> None:
         key = f"{connector}:{record_type}:{ext_id}:{digest[:12]}"
         if len(key) > MAX_KEY_LENGTH or not (ext_id.isascii() and ext_id.isprintable()):
             key = record_key(connector, record_type, ext_id, digest)  # hashes an unsafe ext_id
@@ -563,7 +645,7 @@ def _coerce_batch(
                     repeated_in_batch.append((i, known))
                 else:
                     repeats.count(known)
-                continue
+                return
             seen_keys[key] = row
             if positional_ids and record.get(id_field) in (None, ""):
                 fresh.append((None, key, row))
@@ -572,28 +654,34 @@ def _coerce_batch(
                 fresh.append((raw, key, row))
         if upgraded and i in upgraded:
             record = upgraded[i][1]  # coerced in the current shape; _payload stays as received
-        add_row, add_record, skip, table = routes[record_type]
-        add_row(row)
-        add_record(record)
-        if skip is not None and not record.keys() <= skip:  # unknown fields: rare, only they cost
+        table = tables[record_type]
+        table.rows.append(row)
+        table.records.append(record)
+        if table.contract != DROP and not record.keys() <= table.skip:  # unknown fields: rare, only they cost
             extra, props = table.unknown_fields(record, record_type)
-            out_extra.append(extra)
-            out_props.append(props)
         else:
-            out_extra.append(None)
-            out_props.append(None)
-        out_input.append(i)
-        out_type.append(record_type)
-        out_key.append(key)
-        out_ext.append(ext_id)
-        out_hash.append(digest)
-        out_payload.append(raw)  # as received (jsonb keeps its numbers exactly), not the canonical form
-        out_errors.append(None)
+            extra = props = None
+        add_input(i)
+        add_type(record_type)
+        add_key(key)
+        add_ext(ext_id)
+        add_hash(digest)
+        add_payload(raw)  # as received (jsonb keeps its numbers exactly), not the canonical form
+        add_extra(extra)
+        add_props(props)
+        add_errors(None)
 
+    return keep
+
+
+def _convert_tables(state: _Batch) -> dict[str, list[pa.Array]]:
+    """Every table's typed columns; a row a column rejects becomes a reject (its output
+    columns cleared, its errors set) and leaves its table."""
+    out = state.out
     converted: dict[str, list[pa.Array]] = {}
-    for name in sorted(tables):
-        table = tables[name]
-        arrays, errors = table.convert(dynamic_values=spec.dynamic_values)
+    for name in sorted(state.tables):
+        table = state.tables[name]
+        arrays, errors = table.convert(dynamic_values=state.spec.dynamic_values)
         if errors:
             keep = []
             for local, row in enumerate(table.rows):
@@ -601,65 +689,82 @@ def _coerce_batch(
                 if row_errors is None:
                     keep.append(local)
                     continue
-                out_type[row] = out_key[row] = out_ext[row] = out_hash[row] = None
-                out_payload[row] = out_extra[row] = out_props[row] = None
-                out_errors[row] = json.dumps(row_errors, ensure_ascii=False)
+                out.type[row] = out.key[row] = out.ext[row] = out.hash[row] = None
+                out.payload[row] = out.extra[row] = out.props[row] = None
+                out.errors[row] = json.dumps(row_errors, ensure_ascii=False)
             selection = pa.array(keep, type=pa.int64())
             arrays = [array.take(selection) for array in arrays]
             table.rows = [table.rows[local] for local in keep]
         converted[name] = arrays
+    return converted
 
-    if repeats is not None:
-        for i, first in repeated_in_batch:
-            if out_errors[first] is None:
-                first_type = out_type[first]
-                assert first_type is not None  # a row without errors was routed to its table
-                repeats.count(first_type)
-                continue
-            out_input.append(i)  # a repeat of a reject is a reject, with the same reasons
-            for column in (out_type, out_key, out_ext, out_hash, out_payload, out_extra, out_props):
-                column.append(None)
-            out_errors.append(out_errors[first])
-        repeats.settle(fresh, out_type)
 
-    n = len(out_input)
+def _settle_repeats(state: _Batch, repeats: RepeatedLines) -> None:
+    """In-batch repeats once their first occurrence is settled (a repeat of a reject is a
+    reject, with the same reasons; of a good row, counted), then the memories."""
+    out = state.out
+    for i, first in state.repeated_in_batch:
+        if out.errors[first] is None:
+            first_type = out.type[first]
+            assert first_type is not None  # a row without errors was routed to its table
+            repeats.count(first_type)
+            continue
+        out.reject(i, out.errors[first])  # type: ignore[arg-type]  # checked just above
+    repeats.settle(state.fresh, out.type)
+
+
+def _output_batch(batch: pa.RecordBatch, state: _Batch, converted: dict[str, list[pa.Array]]) -> pa.RecordBatch:
+    """The output batch: system columns (positions for the whole batch at once, rejects'
+    raw text), then one struct column per table."""
+    spec, out, tables = state.spec, state.out, state.tables
+    n = len(out.input)
     structs = [
         _struct(tables[name].spec, converted[name], tables[name].rows, n, spark=spec.spark_types)
         for name in sorted(tables)
     ]
-    taken = np.asarray(out_input, dtype=np.int64)
-    out_units = units_np[taken].astype(np.int64)
-    out_offsets = offsets_np[taken].astype(np.int64)
+    taken = np.asarray(out.input, dtype=np.int64)
+    out_units = state.units[taken].astype(np.int64)
+    out_offsets = state.offsets[taken].astype(np.int64)
     bases = np.asarray([base for _, base in spec.units] or [0], dtype=np.int64)
+    prefixes = [prefix for prefix, _ in spec.units]
     source = pc.binary_join_element_wise(
         pa.array(prefixes, pa.string()).take(pa.array(out_units)), pa.array(out_offsets).cast(pa.string()), ""
     )
-    out_raw: list[str | None] = [None] * n
-    out_raw_len: list[int | None] = [None] * n
-    for row, error in enumerate(out_errors):
-        if error is not None:
-            i = out_input[row]
-            raw = raws[i]
-            out_raw[row] = _raw_text(raw, int(raw_lengths[i])) if raw is not None else ""
-            out_raw_len[row] = int(raw_lengths[i])
+    out_raw, out_raw_len = _reject_raws(state)
     arrays = [
         pa.array((out_units << LINE_BITS) | (out_offsets - bases[out_units]), pa.int64()),
         source,
-        pa.array(out_type, pa.string()),
-        pa.array(out_key, pa.string()),
-        pa.array(out_ext, pa.string()),
-        pa.array(out_hash, pa.string()),
-        pa.array(out_payload, pa.binary()).cast(pa.string()),
-        pa.array(out_extra, pa.string()),
-        pa.array(out_props, pa.string()),
-        pa.array(out_errors, pa.string()),
+        pa.array(out.type, pa.string()),
+        pa.array(out.key, pa.string()),
+        pa.array(out.ext, pa.string()),
+        pa.array(out.hash, pa.string()),
+        pa.array(out.payload, pa.binary()).cast(pa.string()),
+        pa.array(out.extra, pa.string()),
+        pa.array(out.props, pa.string()),
+        pa.array(out.errors, pa.string()),
         pa.array(out_raw, pa.string()),
         pa.array(out_raw_len, pa.int64()),
-        _metadata(batch.column("_meta"), taken, out_errors, keep=spec.keep_meta),
-        *_versions(upgraded, out_input, out_errors),
+        _metadata(batch.column("_meta"), taken, out.errors, keep=spec.keep_meta),
+        *_versions(state.upgraded, out.input, out.errors),
         *structs,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=spec.output_schema())
+
+
+def _reject_raws(state: _Batch) -> tuple[list[str | None], list[int | None]]:
+    """The ``_raw`` and ``_raw_length`` columns: set on rejects only."""
+    out = state.out
+    n = len(out.input)
+    out_raw: list[str | None] = [None] * n
+    out_raw_len: list[int | None] = [None] * n
+    for row, error in enumerate(out.errors):
+        if error is not None:
+            i = out.input[row]
+            raw = state.raws[i]
+            length = int(state.raw_lengths[i])
+            out_raw[row] = _raw_text(raw, length) if raw is not None else ""
+            out_raw_len[row] = length
+    return out_raw, out_raw_len
 
 
 def _shallow_fields(spec: RecordSpec) -> frozenset[str]:

@@ -111,6 +111,10 @@ def line_of(row: dict[str, Any]) -> int:
 def outcome(row: dict[str, Any]) -> dict[str, Any]:
     """A row without what depends on its position by design (its position, and an id made of it)."""
     kept = {name: value for name, value in row.items() if name not in ("_pos", "_source")}
+    if kept.get("_payload") is not None:
+        # The line as received, with its line end when it has one: JSON whitespace, which
+        # jsonb drops, so the stored _payload is the same wherever the line stands.
+        kept["_payload"] = kept["_payload"].rstrip("\r\n")
     if row["_external_id"] is not None and row["_external_id"] == row["_source"]:
         kept["_external_id"] = kept["_idempotency_key"] = "<position>"
     return kept

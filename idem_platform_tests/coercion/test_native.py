@@ -239,14 +239,16 @@ def test_ordinary_records_all_take_the_c_path(monkeypatch: pytest.MonkeyPatch) -
     """A batch of ordinary records reaches the Python loop only for its repeats' bookkeeping, not one by one."""
     lines = [json.dumps(record, ensure_ascii=False).encode() for record in THREAT_FEED]
     handed: list[int] = []
-    original = native.declined
+    original = native.coerce_lines
 
-    def spy(raws: list[Any], plan: tuple[Any, ...]) -> Any:
-        for i in original(raws, plan):
+    def spy(raws: list[Any], plan: native.BatchPlan) -> None:
+        def decline(i: int) -> object:
             handed.append(i)
-            yield i
+            return plan.decline(i)
 
-    monkeypatch.setattr(native, "declined", spy)
+        original(raws, replace(plan, decline=decline))
+
+    monkeypatch.setattr(native, "coerce_lines", spy)
     out = coerce_batch(lines_batch(lines + lines[:10]), BASE_SPEC, RepeatedLines())
     assert handed == []
     assert out.num_rows == len(lines)
@@ -262,3 +264,23 @@ def test_columns_reads_every_record_as_dict_get_does() -> None:
     assert native.columns([], names) == [[], [], [], []]
     with pytest.raises(TypeError, match="must be a dict"):
         native.columns([{"a": 1}, ["not", "a", "dict"]], names)  # type: ignore[list-item]
+
+
+@needs_native
+def test_the_c_path_leaves_its_records_to_reference_counting() -> None:
+    """A JSON tree holds no reference cycle: the C path untracks the dicts and lists it builds
+    from the collector, so a batch's records (kept until their columns are converted) do not
+    set off its full passes. Equal values all the same; a dict tracks itself again when a
+    container goes into it."""
+    import gc
+
+    assert native.canonical_line is not None
+    line = b'{"a":[1,{"b":[2.5,"x",null]},[]],"c":{"d":{}},"e":"f"}'
+    got = native.canonical_line(line, frozenset())
+    assert got is not None
+    record = got[0]
+    assert record == json.loads(line)
+    containers = [record, record["a"], record["a"][1], record["a"][1]["b"], record["a"][2], record["c"], record["c"]["d"]]
+    assert not any(gc.is_tracked(container) for container in containers)
+    record["c"]["d"]["loop"] = record["c"]
+    assert gc.is_tracked(record["c"]["d"])
