@@ -26,7 +26,7 @@ from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.settings import POSTGRES_URL_ENV
 
 
-@click.command("ingest", cls=IdemCommand)
+@click.command("ingest", cls=IdemCommand, short_help="Ingest files or Kafka lag, exactly once.")
 @click.option("--connector", metavar="NAME", help="which connector (default: the one whose directory holds the files, else the only one)")
 @click.option("--replay", is_flag=True, help="tag the run as a replay (skips count as replay_skip)")
 @json_option()

@@ -19,7 +19,7 @@ from idem_platform.config import load_config
 from idem_platform.pipeline.ingest import check_cluster_reach
 
 
-@click.command("migrate", cls=IdemCommand)
+@click.command("migrate", cls=IdemCommand, short_help="Upgrade old rows in place.")
 @click.option("--type", "types", multiple=True, metavar="TYPE", help="only this record type (repeatable; default: all)")
 @click.option("--dry-run", is_flag=True, help="count the rows per type and step, write nothing")
 @click.option("--batch-rows", type=AT_LEAST_ONE, default=50_000, help="rows per transaction (default 50,000)")

@@ -31,7 +31,7 @@ _dry_run = click.option("--dry-run", is_flag=True, help="retry: count what would
 _json = json_option("JSON lines even on a terminal")
 
 
-@click.group("rejects", cls=IdemGroup, invoke_without_command=True)
+@click.group("rejects", cls=IdemGroup, invoke_without_command=True, short_help="List rejects, or retry them.")
 @_connector
 @_commit
 @_dry_run

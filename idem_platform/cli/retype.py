@@ -20,7 +20,7 @@ from idem_platform.config import load_config
 from idem_platform.postgres.retype import human_report, promote_column
 
 
-@click.command("retype", cls=IdemCommand)
+@click.command("retype", cls=IdemCommand, short_help="Type an evolved text column.")
 @click.argument("record_type", metavar="TYPE")
 @click.argument("column", metavar="COLUMN")
 @click.option("--to", "kind", required=True, type=click.Choice(["long", "real", "timestamp", "bool"]), help="the type")

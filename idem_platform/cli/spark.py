@@ -31,7 +31,7 @@ def server_dir(directory: str | None) -> Path:
     return Path(directory).resolve() if directory else idem_home() / "spark"
 
 
-@click.group("spark", cls=IdemGroup)
+@click.group("spark", cls=IdemGroup, short_help="Start, stop or check the Spark Connect server.")
 def spark() -> None:
     """The long-lived Spark Connect server that runs reuse (no JVM start per run)."""
 
