@@ -53,7 +53,7 @@ def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dic
         "postgres": postgres,
         "spark": spark,
         "spark_plan_io_manager": SparkPlanIOManager(),
-        "warehouse_io_manager": WarehouseIOManager(postgres=postgres, spark=spark),
+        "warehouse_io_manager": WarehouseIOManager(),
         # Loads the idem/<record_type> table assets for downstream assets (read-only).
         TABLE_IO_MANAGER: TableIOManager(
             postgres=postgres, spark=spark, idem_config=dg.ResourceDefinition.hardcoded_resource(config)

@@ -7,9 +7,8 @@ commit time. Each plan is kept under its run and, as the latest one, under its
 asset and partition: a run that materializes only ``committed`` (the UI's
 "Materialize" on one asset) loads the latest ``coerced`` plan of its partition.
 
-``warehouse_io_manager`` commits the ``coerced`` frame exactly once (DESIGN §5)
-and reports what happened as materialization metadata, and a materialization of
-each ``idem/<record_type>`` table asset the commit wrote to.
+``warehouse_io_manager`` gives downstream assets the commit summary that the
+``committed`` asset (which commits in its body, DESIGN §5) recorded as metadata.
 
 ``idem_table_io_manager`` loads those table assets for downstream assets: a lazy
 Spark DataFrame of the table in its current schema version (the read path, §6).
@@ -19,24 +18,18 @@ Spark DataFrame of the table in its current schema version (the read path, §6).
 import hashlib
 import pickle
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import psycopg
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from idem_platform.config import IdemConfig
-from idem_platform.defs.filedrop.partitions import files_by_partition
 from idem_platform.defs.resources import PostgresResource, SparkResource
-from idem_platform.defs.summary import REJECT_SAMPLE, summary_from_metadata, summary_metadata
-from idem_platform.pipeline.commit import CommitRequest, commit_batch
-from idem_platform.pipeline.ingest import CoercedBatch, check_cluster_reach
+from idem_platform.defs.summary import summary_from_metadata
+from idem_platform.pipeline.ingest import check_cluster_reach
 from idem_platform.redact import secrets_kept
-from idem_platform.sources.rejects.listing import list_rejects
 
-REPLAY_TAG = "idem/replay"
 LATEST = "latest"  # the plans directory that keeps each asset partition's latest plan
 
 
@@ -56,15 +49,21 @@ class SparkPlanIOManager(dg.ConfigurableIOManager):
     base_dir: str | None = Field(
         default=None, description="Where plans are kept; unset = the Dagster instance's storage dir."
     )
+    _instance_root: Path | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Learn the instance's storage directory when a run starts (an ``OutputContext``
+        has no public instance; the resource's init context has)."""
+        instance = context.instance
+        self._instance_root = Path(instance.storage_directory()) / "idem_plans" if instance is not None else None
 
     def _root(self, context: dg.OutputContext | dg.InputContext) -> Path:
         if self.base_dir:
             return Path(self.base_dir)
-        try:
-            instance = context.instance if isinstance(context, dg.InputContext) else context.step_context.instance
-            return Path(instance.storage_directory()) / "idem_plans"
-        except Exception:  # noqa: BLE001 - contexts built by hand in tests have no instance
-            return Path(tempfile.gettempdir()) / "idem_plans"
+        if self._instance_root is not None:
+            return self._instance_root
+        # Contexts built by hand (tests) come without a run's resource setup.
+        return Path(tempfile.gettempdir()) / "idem_plans"
 
     @staticmethod
     def _digest(scope: str) -> str:
@@ -157,84 +156,16 @@ class SparkPlanIOManager(dg.ConfigurableIOManager):
 
 
 class WarehouseIOManager(dg.ConfigurableIOManager):
-    """Commits a ``coerced`` batch to PostgreSQL exactly once (one transaction)."""
+    """Loads ``committed`` for downstream assets: the commit summary of the upstream partition.
 
-    postgres: dg.ResourceDependency[PostgresResource]
-    spark: dg.ResourceDependency[SparkResource]
+    The commit itself runs in the ``committed`` asset's body, which returns a
+    ``MaterializeResult``: Dagster stores no value, so :meth:`handle_output` has
+    nothing to do. The rows are in ``idem.<record_type>`` (read those through the
+    table assets).
+    """
 
-    def handle_output(self, context: dg.OutputContext, obj: CoercedBatch) -> None:
-        started = time.monotonic()
-        tags = context.step_context.run_tags
-        url = self.postgres.resolved_url
-        request = CommitRequest(
-            url=url,
-            connector=obj.connector,
-            run_id=context.run_id,
-            replay=tags.get(REPLAY_TAG, "").lower() == "true",
-            progress=context.log.info,
-        )
-
-        def spark() -> Any:
-            check_cluster_reach(self.spark.master, url)
-            return self.spark.spark_session
-
-        with secrets_kept():  # Dagster stores what escapes here in the run's event log
-            summary = commit_batch(request, obj, spark, started=started)
-        context.log.info(
-            "commit %s: %d written, %d skipped, %d rejected%s",
-            summary["commit_id"],
-            summary["rows_written"],
-            summary["rows_skipped"],
-            summary["rows_rejected"],
-            " (replay)" if summary.get("replayed") else "",
-        )
-        metadata = summary_metadata(summary, rejects=self._rejects(summary.get("commit_id")))
-        partitions = context.asset_partition_keys if context.has_asset_partitions else []
-        if len(partitions) > 1 and summary.get("files"):
-            # One commit, a materialization per file's partition: each gets its own files'
-            # entries, not the batch's list (500 partitions x 500 entries was ~30 s of a run).
-            metadata.pop("files", None)
-            metadata["batch_files"] = dg.MetadataValue.int(len(summary["files"]))
-            for partition, files in files_by_partition(obj.connector, summary["files"], partitions).items():
-                context.step_context.add_asset_metadata(
-                    {"files": dg.MetadataValue.json(files)}, asset_key=context.asset_key, partition_key=partition
-                )
-        context.add_output_metadata(metadata)
-        for event in self._table_events(context, obj, summary):
-            context.log_event(event)
-
-    def _table_events(
-        self, context: dg.OutputContext, obj: CoercedBatch, summary: dict[str, Any]
-    ) -> list[dg.AssetMaterialization]:
-        """A materialization of each ``idem/<record_type>`` table asset the commit wrote rows to.
-
-        The commit is durable by now: a failure to measure the tables is logged, and
-        must not fail the step (a retry would only replay the commit).
-        """
-        if not summary.get("commit_id") or summary.get("replayed"):
-            return []
-        from idem_platform.defs.tables import table_materializations
-
-        partition = None
-        if context.has_partition_key:
-            partition = context.partition_key
-        elif context.has_asset_partitions:  # one run over a range of partitions (a backfill)
-            keys = context.asset_partition_key_range
-            partition = keys.start if keys.start == keys.end else f"{keys.start}...{keys.end}"
-        try:
-            with self.postgres.connection(autocommit=True) as conn:
-                return table_materializations(conn, obj.tables, summary, partition=partition)
-        except psycopg.Error as exc:
-            context.log.warning("commit %s: the tables' row counts could not be read (%s)", summary["commit_id"], exc)
-            return []
-
-    def _rejects(self, commit_id: str | None) -> list[tuple[str, list[dict[str, Any]]]]:
-        """The commit's first rejects (position and reasons), for the materialization's sample."""
-        if not commit_id:
-            return []
-        with self.postgres.connection() as conn:
-            rejects = list_rejects(conn, commit_id=commit_id, limit=REJECT_SAMPLE)
-        return [(r["position"], list(r["reasons"])) for r in rejects]
+    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
+        """Nothing to store: the commit's figures are the materialization's metadata."""
 
     def load_input(self, context: dg.InputContext) -> dict[str, Any]:
         """The commit summary of the upstream partition (rows are in ``idem.<record_type>``)."""

@@ -19,7 +19,7 @@ import dagster as dg
 # Kept as JSON entries: lists and small maps a machine rebuilds the summary from.
 JSON_KEYS = ("files", "offsets", "schema_versions", "prior", "timings", "consumer_group", "notes")
 FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds", "replay_skipped")
-TEXT_KEYS = ("already_committed",)
+TEXT_KEYS = ("already_committed", "file_key")  # file_key: the figures are one file's of a batch
 PER_TABLE = ("written", "skipped")
 REJECT_SAMPLE = 20
 REJECT_SCHEMA = dg.TableSchema(
@@ -76,7 +76,8 @@ def summary_metadata(
         metadata["tables"] = dg.MetadataValue.md(_table_markdown(tables))
     for record_type, counts in sorted(tables.items()):
         for key in PER_TABLE:
-            metadata[f"{key}/{record_type}"] = dg.MetadataValue.int(int(counts.get(key) or 0))
+            if key in counts:  # a file of a batch knows its rows written per table, not its skips
+                metadata[f"{key}/{record_type}"] = dg.MetadataValue.int(int(counts[key] or 0))
         if counts.get("new_columns"):
             metadata[f"new_columns/{record_type}"] = dg.MetadataValue.text(", ".join(counts["new_columns"]))
         if counts.get("to_props"):
@@ -96,6 +97,19 @@ def summary_metadata(
     # The rows this partition's records are in: a replay's are the prior commit's.
     prior = summary.get("prior") or {}
     metadata["dagster/row_count"] = dg.MetadataValue.int(int(summary.get("rows_written") or prior.get("rows_written") or 0))
+    return metadata
+
+
+BATCH_KEYS = ("commit_id", "seconds", "schema_versions", "timings")
+
+
+def batch_metadata(summary: Mapping[str, Any], files: int) -> dict[str, Any]:
+    """What every file's partition of a batch run shares: the commit, its time, and the
+    batch's totals under ``batch_*`` names (the files' own figures are their partitions')."""
+    metadata = {key: value for key, value in summary_metadata(summary).items() if key in BATCH_KEYS}
+    metadata["batch_files"] = dg.MetadataValue.int(files)
+    for key in ("rows_written", "rows_skipped", "rows_rejected"):
+        metadata[f"batch_{key}"] = dg.MetadataValue.int(int(summary.get(key) or 0))
     return metadata
 
 

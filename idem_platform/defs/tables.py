@@ -8,7 +8,7 @@ asset: only the connectors' exactly-once commits write the table, and the UI mus
 offer a "Materialize" that would write it any other way. Instead,
 
 * every commit that writes rows reports a materialization of each table it wrote
-  (:func:`table_materializations`, from ``WarehouseIOManager.handle_output``) with
+  (:func:`table_materializations`, from the ``committed`` asset's body) with
   the table's row count, its column schema as PostgreSQL has it now (evolution
   widens it), the schema version, the commit id and the rows written;
 * the asset's IO manager (``idem_table_io_manager``,

@@ -163,9 +163,63 @@ def test_settled_files_are_one_range_run_whose_commit_keeps_a_ledger_row_and_a_p
         ).records
         metadata = record.asset_materialization.metadata  # type: ignore[union-attr]
         assert [f["file"] for f in metadata["files"].value] == [str(path)]
-        assert metadata["batch_files"].value == 5 and metadata["rows_written"].value == 15
+        assert metadata["batch_files"].value == 5 and metadata["batch_rows_written"].value == 15
+        assert metadata["rows_written"].value == 3 and metadata["dagster/row_count"].value == 3  # its own
     after = ticker.tick()
     assert after.run_requests == [] and "5 committed" in skip_message(after)
+
+
+def file_held(pg_url: str, path: Path) -> tuple[int, int]:
+    """(rows of idem.malware whose position is in the file, rejects recorded for the file)."""
+    key = hash_file(path).key
+    with connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT count(*) FROM idem.malware WHERE split_part(_source, '#L', 1) = %s", [key.split(":")[1][:16]]
+        ).fetchone()
+        rejects = conn.execute("SELECT count(*) FROM idem.rejects WHERE source = %s", [key]).fetchone()
+    assert rows is not None and rejects is not None
+    return int(rows[0]), int(rejects[0])
+
+
+def test_a_batch_run_gives_each_file_s_partition_its_own_figures_and_check_evaluations(
+    tmp_path: Path, pg_url: str, instance: dg.DagsterInstance, spark: Any
+) -> None:
+    """Issue 35: a file's partition shows what PostgreSQL holds for that file, not the batch's
+    totals, and each partition has its own commit_consistency and reject_ratio evaluation."""
+    config = config_with(tmp_path, pg_url, max_reject_ratio=1.0)
+    directory = config.connector("threatfeed").path
+    assert directory is not None
+    good = [f'{{"type":"malware","id":"x-{i}","name":"m{i}"}}' for i in range(9)]
+    paths = [
+        write_lines(directory / "a.ndjson", good[:4]),  # 4 written
+        write_lines(directory / "b.ndjson", [*good[4:7], "not json"]),  # 3 written, 1 rejected
+        write_lines(directory / "c.ndjson", [*good[7:9], "{", "[1]", good[0]]),  # 2 written, 2 rejected, 1 skipped
+    ]
+    ticker = SensorTicker(config, instance, pg_url, SENSOR)
+    (request,) = settle(ticker).run_requests
+    run = launch(ticker, request)
+    assert run.success
+    expected = {"a.ndjson": (4, 0, 0), "b.ndjson": (3, 1, 0), "c.ndjson": (2, 2, 1)}
+    for path in paths:
+        (record,) = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=COMMITTED, asset_partitions=[path.name]), limit=1
+        ).records
+        metadata = {k: v.value for k, v in record.asset_materialization.metadata.items()}  # type: ignore[union-attr]
+        rows, rejects = file_held(pg_url, path)
+        assert (rows, rejects, metadata["rows_skipped"]) == expected[path.name]
+        assert metadata["dagster/row_count"] == metadata["rows_written"] == metadata["written/malware"] == rows
+        assert metadata["rows_rejected"] == rejects
+        sample = metadata["rejects"].records if rejects else []  # the file's own rejects, one row per reason
+        assert ("rejects" in metadata) == bool(rejects) and len({r.data["position"] for r in sample}) == rejects
+        assert [f["file"] for f in metadata["files"]] == [str(path)]
+        assert metadata["batch_rows_written"] == 9 and metadata["batch_rows_rejected"] == 3 and metadata["batch_files"] == 3
+    evaluations = {(e.check_name, e.partition): e.passed for e in run.get_asset_check_evaluations()}
+    assert evaluations == {
+        ("commit_consistency", "a.ndjson"): True, ("commit_consistency", "b.ndjson"): True,
+        ("commit_consistency", "c.ndjson"): True, ("reject_ratio", "a.ndjson"): True,
+        ("reject_ratio", "b.ndjson"): False, ("reject_ratio", "c.ndjson"): False,
+        ("pandera_contract", None): True,
+    }
 
 
 def test_batches_are_bounded_by_count_and_bytes(tmp_path: Path, pg_url: str, instance: dg.DagsterInstance) -> None:

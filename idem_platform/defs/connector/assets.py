@@ -2,16 +2,17 @@
 
 A connector kind contributes only its ``ingest`` asset (what to read: dropped
 files, Kafka offset ranges); coercion and the exactly-once commit are the same
-code for every source. Only ``committed`` writes: its IO manager runs the one
-applying transaction.
+code for every source. Only ``committed`` writes: its body runs the one applying
+transaction (:mod:`idem_platform.defs.connector.commit`).
 """
 
 import dagster as dg
 
 from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.defs.connector.commit import committed_result, run_commit
 from idem_platform.defs.connector.names import asset_keys, group_of
 from idem_platform.defs.metadata import to_metadata
-from idem_platform.defs.resources import PostgresResource
+from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.defs.tables import declared_schema
 from idem_platform.pipeline.ingest import CoercedBatch, current_tables
 from idem_platform.write.batch import SourceBatch
@@ -97,7 +98,10 @@ def build_commit_assets(
             f"and the ledger. {replay}"
         ),
     )
-    def committed(coerced: CoercedBatch) -> CoercedBatch:
-        return coerced
+    def committed(
+        context: dg.AssetExecutionContext, coerced: CoercedBatch, postgres: PostgresResource, spark: SparkResource
+    ) -> dg.MaterializeResult:
+        summary = run_commit(context, coerced, postgres, spark)
+        return committed_result(context, coerced, summary, postgres)
 
     return [coerced, committed]

@@ -3,9 +3,11 @@
 
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
+import psycopg
 import pyarrow
 import pyarrow.compute as pc
 from dagster import PreviewWarning
@@ -20,8 +22,13 @@ from idem_platform.defs.summary import (
     summary_from_metadata,
 )
 from idem_platform.pipeline.ingest import CoercedBatch
-from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import table_ident
+from idem_platform.sources.filedrop.figures import (
+    position_prefix,
+    reject_samples,
+    rejected_by_file,
+    written_by_file,
+)
 from idem_platform.sources.rejects.listing import list_rejects
 from idem_platform.sources.sample import coerced_sample
 
@@ -166,57 +173,111 @@ def _pandera_contract_check(
     return pandera_contract
 
 
+CheckOutcome = tuple[bool, dict[str, Any]]  # passed, metadata
+
+
+def _partition_check(
+    committed_key: dg.AssetKey,
+    partitions: dg.PartitionsDefinition | None,
+    name: str,
+    description: str,
+    severity: dg.AssetCheckSeverity,
+    judge: Callable[[PostgresResource, dict[str, Any] | None], CheckOutcome],
+) -> dg.AssetChecksDefinition:
+    """A check on ``committed`` evaluated for each partition the run covered.
+
+    A run over one partition returns an ``AssetCheckResult``, which Dagster records
+    under that partition. A run over many (the sensor's batch, a single-run backfill)
+    yields an ``AssetCheckEvaluation`` per partition with ``partition=`` set: in
+    Dagster 1.13 an ``AssetCheckResult`` takes no partition, and one returned from a
+    multi-partition step is recorded without a partition
+    (``AssetCheckResult.to_asset_check_evaluation`` sets ``partition`` only when
+    ``step_context.has_partition_key``), which left every file's check SKIPPED. The
+    check is a one-spec ``multi_asset_check`` with ``can_subset``: its output is
+    optional, so it may report through the evaluations alone.
+    """
+    spec = dg.AssetCheckSpec(name, asset=committed_key, partitions_def=partitions, description=description)
+
+    @dg.multi_asset_check(
+        specs=[spec], can_subset=True, name=f"{committed_key.to_python_identifier()}_{name}", description=description
+    )
+    def partition_check(
+        context: dg.AssetCheckExecutionContext, postgres: PostgresResource
+    ) -> Iterator[dg.AssetCheckResult | dg.AssetCheckEvaluation]:
+        if context.has_partition_key or not context.has_partition_key_range:
+            passed, metadata = judge(postgres, _latest_summary(context, committed_key))
+            yield dg.AssetCheckResult(passed=passed, severity=severity, metadata=metadata)
+            return
+        for partition in context.partition_keys:
+            passed, metadata = judge(postgres, _latest_summary(context, committed_key, partition))
+            yield dg.AssetCheckEvaluation(
+                asset_key=committed_key, check_name=name, passed=passed, metadata=metadata,
+                severity=severity, partition=partition,
+            )
+
+    return partition_check
+
+
 def _commit_consistency_check(
     committed_key: dg.AssetKey, partitions: dg.PartitionsDefinition | None
 ) -> dg.AssetChecksDefinition:
     """``commit_consistency`` on ``committed``: proof from PostgreSQL itself that the partition's
     last commit is whole (the rows and rejects it claims are there, keys are unique)."""
-
-    @dg.asset_check(
-        asset=committed_key,
-        partitions_def=partitions,
-        name="commit_consistency",
-        description=(
-            "The partition's latest commit is whole: each table holds exactly the rows the commit "
-            "says it wrote, no key twice, and written + skipped + rejected covers every record."
-        ),
+    return _partition_check(
+        committed_key, partitions, "commit_consistency",
+        "The partition's latest commit is whole: each table holds exactly the rows the commit "
+        "says it wrote (for a file of a batch: the rows of that file), no key twice, and its "
+        "rejects are recorded.",
+        dg.AssetCheckSeverity.ERROR,
+        _judge_consistency,
     )
-    def commit_consistency(context: dg.AssetCheckExecutionContext, postgres: PostgresResource) -> dg.AssetCheckResult:
-        summary = _latest_summary(context, committed_key)
-        if summary is None:
-            return dg.AssetCheckResult(passed=False, metadata={"error": "no materialization with a summary"})
-        if summary.get("replayed"):
-            return dg.AssetCheckResult(passed=True, metadata={"replay_of": dg.MetadataValue.json(summary.get("prior") or {})})
-        problems = []
-        found: dict[str, int] = {}
-        with postgres.connection() as conn:
-            for record_type, counts in (summary.get("tables") or {}).items():
-                table = table_ident(record_type).as_string(conn)
-                # "No key twice" is PostgreSQL's to enforce: check the unique index is
-                # there rather than sorting every key of the commit again.
-                row = conn.execute(
-                    f"SELECT (SELECT count(*) FROM {table} WHERE _commit_id = %s), "
-                    "EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-                    "AND a.attnum = i.indkey[0] WHERE i.indrelid = %s::regclass AND i.indisunique "
-                    "AND i.indnatts = 1 AND a.attname = '_idempotency_key')",
-                    [summary["commit_id"], table],
-                ).fetchone() or (0, False)
-                found[record_type] = int(row[0])
-                if row[0] != counts["written"]:
-                    problems.append(f"{record_type}: commit says {counts['written']}, table holds {row[0]}")
-                if not row[1]:
-                    problems.append(f"{record_type}: no unique index on _idempotency_key")
-            rejects = conn.execute(
-                f"SELECT count(*) FROM {SCHEMA}.rejects WHERE commit_id = %s", [summary["commit_id"]]
-            ).fetchone() or (0,)
-            if rejects[0] != summary["rows_rejected"]:
-                problems.append(f"rejects: commit says {summary['rows_rejected']}, table holds {rejects[0]}")
-        return dg.AssetCheckResult(
-            passed=not problems,
-            metadata={"rows_found": dg.MetadataValue.json(found), "problems": dg.MetadataValue.json(problems)},
-        )
 
-    return commit_consistency
+
+def _judge_consistency(postgres: PostgresResource, summary: dict[str, Any] | None) -> CheckOutcome:
+    """Compare what a ``committed`` materialization says with what PostgreSQL holds."""
+    if summary is None:
+        return False, {"error": "no materialization with a summary"}
+    if summary.get("replayed"):
+        return True, {"replay_of": dg.MetadataValue.json(summary.get("prior") or {})}
+    problems: list[str] = []
+    file_key = summary.get("file_key")
+    with postgres.connection() as conn:
+        tables = summary.get("tables") or {}
+        found = _rows_found(conn, summary["commit_id"], list(tables), file_key)
+        for record_type, counts in tables.items():
+            if found.get(record_type, 0) != counts["written"]:
+                problems.append(f"{record_type}: commit says {counts['written']}, table holds {found.get(record_type, 0)}")
+            if not _unique_key_index(conn, record_type):
+                problems.append(f"{record_type}: no unique index on _idempotency_key")
+        rejects = rejected_by_file(conn, summary["commit_id"])
+        held = rejects.get(file_key, 0) if file_key else sum(rejects.values())
+        if held != summary["rows_rejected"]:
+            problems.append(f"rejects: commit says {summary['rows_rejected']}, table holds {held}")
+    return not problems, {"rows_found": dg.MetadataValue.json(found), "problems": dg.MetadataValue.json(problems)}
+
+
+def _rows_found(conn: psycopg.Connection, commit_id: str, record_types: list[str], file_key: str | None) -> dict[str, int]:
+    """Rows each table holds of the commit (of one file's records when ``file_key`` is given)."""
+    if file_key:
+        return written_by_file(conn, commit_id, record_types, [file_key]).get(position_prefix(file_key), {})
+    found = {}
+    for record_type in record_types:
+        table = table_ident(record_type).as_string(conn)
+        row = conn.execute(f"SELECT count(*) FROM {table} WHERE _commit_id = %s", [commit_id]).fetchone()
+        found[record_type] = int(row[0]) if row else 0
+    return found
+
+
+def _unique_key_index(conn: psycopg.Connection, record_type: str) -> bool:
+    """"No key twice" is PostgreSQL's to enforce: the unique index is there (rather than
+    sorting every key of the commit again)."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "AND a.attnum = i.indkey[0] WHERE i.indrelid = %s::regclass AND i.indisunique "
+        "AND i.indnatts = 1 AND a.attname = '_idempotency_key')",
+        [table_ident(record_type).as_string(conn)],
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _reject_ratio_check(
@@ -224,37 +285,43 @@ def _reject_ratio_check(
 ) -> dg.AssetChecksDefinition:
     """``reject_ratio`` on ``committed``: a warning (never a failure) when a commit rejected more
     than 1% of its records, with a sample of the rejects so the cause is one click away."""
-
-    @dg.asset_check(
-        asset=committed_key,
-        partitions_def=partitions,
-        name="reject_ratio",
-        description=(
-            "Warns when the partition's last commit rejected more than 1% of its records "
-            f"(the batch fails outright above max_reject_ratio={connector.max_reject_ratio})."
-        ),
+    return _partition_check(
+        committed_key, partitions, "reject_ratio",
+        "Warns when the partition's last commit rejected more than 1% of its records (for a file "
+        f"of a batch: of that file's lines); the batch fails outright above max_reject_ratio={connector.max_reject_ratio}.",
+        dg.AssetCheckSeverity.WARN,
+        _judge_reject_ratio,
     )
-    def reject_ratio_check(context: dg.AssetCheckExecutionContext, postgres: PostgresResource) -> dg.AssetCheckResult:
-        summary = _latest_summary(context, committed_key) or {}
-        if summary.get("replayed") and isinstance(summary.get("prior"), dict):
-            # A replay wrote and rejected nothing; the partition's data is the prior commit's.
-            summary = {**summary["prior"], "commit_id": summary["prior"].get("commit_id")}
-        total = sum(int(summary.get(k) or 0) for k in ("rows_written", "rows_skipped", "rows_rejected"))
-        ratio = reject_ratio(summary)
-        metadata: dict[str, Any] = {"reject_ratio": dg.MetadataValue.float(ratio), "records": dg.MetadataValue.int(total)}
-        if summary.get("commit_id") and summary.get("rows_rejected"):
-            with postgres.connection() as conn:
+
+
+def _judge_reject_ratio(postgres: PostgresResource, found: dict[str, Any] | None) -> CheckOutcome:
+    """The partition's reject ratio (a replay's: the prior commit's) and a sample of its rejects."""
+    summary = found or {}
+    if summary.get("replayed") and isinstance(summary.get("prior"), dict):
+        # A replay wrote and rejected nothing; the partition's data is the prior commit's.
+        summary = {**summary, **summary["prior"], "commit_id": summary["prior"].get("commit_id")}
+    total = sum(int(summary.get(k) or 0) for k in ("rows_written", "rows_skipped", "rows_rejected"))
+    ratio = reject_ratio(summary)
+    metadata: dict[str, Any] = {"reject_ratio": dg.MetadataValue.float(ratio), "records": dg.MetadataValue.int(total)}
+    if summary.get("commit_id") and summary.get("rows_rejected"):
+        with postgres.connection() as conn:
+            file_key = summary.get("file_key")
+            if file_key:
+                sample = reject_samples(conn, summary["commit_id"], [file_key], REJECT_SAMPLE).get(file_key, [])
+            else:
                 rejects = list_rejects(conn, commit_id=summary["commit_id"], limit=REJECT_SAMPLE)
-            metadata["rejects"] = reject_sample([(r["position"], list(r["reasons"])) for r in rejects])
-        return dg.AssetCheckResult(passed=ratio <= 0.01, severity=dg.AssetCheckSeverity.WARN, metadata=metadata)
+                sample = [(r["position"], list(r["reasons"])) for r in rejects]
+        metadata["rejects"] = reject_sample(sample)
+    return ratio <= 0.01, metadata
 
-    return reject_ratio_check
 
-
-def _latest_summary(context: dg.AssetCheckExecutionContext, key: dg.AssetKey) -> dict[str, Any] | None:
+def _latest_summary(
+    context: dg.AssetCheckExecutionContext, key: dg.AssetKey, partition: str | None = None
+) -> dict[str, Any] | None:
     """The commit summary of the checked partition's latest materialization: the checks judge
     what the commit recorded, read back from Dagster rather than passed between steps."""
-    partition = context.partition_key if context.has_partition_key else None
+    if partition is None and context.has_partition_key:
+        partition = context.partition_key
     records = context.instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None), limit=1
     ).records
