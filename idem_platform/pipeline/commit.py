@@ -40,7 +40,7 @@ from idem_platform.ledger import (
 from idem_platform.pipeline.ingest import CoercedBatch, read_ledger, record_spec
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.tables import tables_with_rows
-from idem_platform.redact import remember_url, scrub
+from idem_platform.redact import masked, remember_url, scrub
 from idem_platform.write.apply.claim import ClaimLost
 from idem_platform.write.apply.result import record_replay
 from idem_platform.write.apply.transaction import ApplyTransaction
@@ -72,21 +72,38 @@ class CommitRequest:
     progress: Callable[[str], None] | None = None  # told as each slice is staged and applied
 
 
-def as_idem_error(exc: BaseException) -> errors.IdemError:
-    """The typed error a failed commit reports (and records in the ledger)."""
+def as_idem_error(exc: BaseException, url: str | None = None) -> errors.IdemError:
+    """The typed error a failed commit reports (and records in the ledger); ``url``: the
+    PostgreSQL the commit writes to, named (password masked) when it closed the connection."""
     if isinstance(exc, errors.IdemError):
         return exc
     if isinstance(exc, psycopg.Error):
-        return _postgres_error(type(exc).__name__, str(exc))
+        return _postgres_error(type(exc).__name__, str(exc), url)
     if type(exc).__module__.startswith(("pyspark", "py4j")):
-        return error_from_spark(exc)
+        return error_from_spark(exc, url)
     return errors.TransientError(f"{type(exc).__name__}: {str(exc)[:1000]}")
 
 
-def _postgres_error(name: str, message: str) -> errors.IdemError:
+# A session PostgreSQL ended (terminated backend, shutdown, restart): the server's own
+# SQLSTATE classes, and libpq's words when the socket closed before any message.
+_CONNECTION_LOST_CLASSES = ("AdminShutdown", "CrashShutdown", "CannotConnectNow", "IdleSessionTimeout")
+_CONNECTION_LOST_TEXT = ("server closed the connection", "connection is closed", "connection is lost", "terminating connection")
+
+
+def _postgres_error(name: str, message: str, url: str | None = None) -> errors.IdemError:
     """A PostgreSQL failure as an idem error: a data exception (SQLSTATE class 22, psycopg's
     ``DataError``: a value PostgreSQL cannot store or convert) would meet the same data on
-    every retry, so it is terminal; anything else (a lost connection, a lock) is transient."""
+    every retry, so it is terminal; anything else (a lost connection, a lock) is transient.
+
+    A lost connection says so in plain words, with the server's URL (password masked):
+    the one line a person reads must tell a restart from a bug in the batch."""
+    first = (message.strip().splitlines() or [""])[0].strip()
+    if name in _CONNECTION_LOST_CLASSES or any(text in message for text in _CONNECTION_LOST_TEXT):
+        server = f" at {masked(url)}" if url else ""
+        return errors.TransientError(
+            f"PostgreSQL: the server closed the connection ({name}: {first[:300]}){server}; "
+            "nothing of this run was committed, the next run retries"
+        )
     text = f"PostgreSQL: {name}: {message.strip()[:1000]}"
     found = getattr(psycopg.errors, name, None)
     if isinstance(found, type) and issubclass(found, psycopg.errors.DataError):
@@ -94,7 +111,7 @@ def _postgres_error(name: str, message: str) -> errors.IdemError:
     return errors.TransientError(text)
 
 
-def error_from_spark(exc: BaseException) -> errors.IdemError:
+def error_from_spark(exc: BaseException, url: str | None = None) -> errors.IdemError:
     """The idem error behind a Spark job failure: the class an executor raised, else a transient error."""
     text = str(exc)
     raised = _RAISED.search(text)
@@ -108,7 +125,7 @@ def error_from_spark(exc: BaseException) -> errors.IdemError:
     if causes and (psycopg_cause := _PSYCOPG_CAUSE.match(causes[-1])):
         # An executor lost PostgreSQL: report it as the driver reports its own losses.
         name, message = psycopg_cause.groups()
-        return _postgres_error(name, message)
+        return _postgres_error(name, message, url)
     first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
     return errors.TransientError(f"Spark job failed: {(causes[-1] if causes else first)[:1000]}")
 
@@ -348,6 +365,8 @@ def _stage_and_apply(
                 + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
             )
         result = applying.finish()
+    if applying.leftovers:  # the connection went after COMMIT: drop them on a new one
+        drop_staging_quietly(request.url, [plan.commit_id])
     task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]
     attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
     return result, {
@@ -412,7 +431,7 @@ def commit_batch(
                 batch, started=started, replayed=True, sources=plan.sources(), already_committed=str(moved)
             )
         except Exception as exc:  # noqa: BLE001 - every failure is recorded, then re-raised typed
-            error = as_idem_error(exc)
+            error = as_idem_error(exc, request.url)
             _clean_up_after_failure(request, keys, plan, error)
             raise error from exc
         result["timings"] = {
