@@ -30,6 +30,7 @@ from idem_platform.settings import fault_from_environment
 POINTS = (
     # *_promote: around the applying transaction's COMMIT (the names are older than the
     # word "apply"; kept, being what IDEM_FAULT is set to)
+    "claimed",  # the units' ledger rows are this run's and its staging tables exist
     "before_stage", "staging", "before_promote", "during_promote", "after_promote",
     "migrate_batch",  # idem migrate: after each committed batch (record_type, partition, batch)
 )

@@ -28,6 +28,7 @@ import psycopg
 from idem_platform import errors
 from idem_platform.config import ConnectorConfig
 from idem_platform.contract.catalog import TableSpec
+from idem_platform.faults import checkpoint
 from idem_platform.ledger import (
     DEFAULT_REPLAY_WINDOW,
     Fresh,
@@ -41,7 +42,7 @@ from idem_platform.pipeline.ingest import CoercedBatch, read_ledger, record_spec
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.redact import masked, remember_url, scrub
-from idem_platform.write.apply.claim import ClaimLost
+from idem_platform.write.apply.claim import ClaimLost, claim_taken
 from idem_platform.write.apply.result import record_replay
 from idem_platform.write.apply.transaction import ApplyTransaction
 from idem_platform.write.batch import SourceBatch
@@ -377,6 +378,59 @@ def _stage_and_apply(
     }
 
 
+def _apply_or_fail(
+    request: CommitRequest, batch: SourceBatch, plan: CommitPlan, session: SparkSession | None, stage_started: float,
+    started: float,
+) -> tuple[dict[str, Any], dict[str, Any]] | dict[str, Any]:
+    """:func:`_stage_and_apply`, its result and timings; or, when nothing of this run was
+    applied because another run committed the units or the source's range first, the
+    summary of a run that committed nothing.
+
+    Raises:
+        InFlightError: another run took the claim over and is ingesting the units now.
+        IdemError: any other failure, typed (:func:`as_idem_error`) and recorded in the ledger.
+    """
+    keys = sorted({u.key for u in batch.pending})
+    try:
+        return _stage_and_apply(request, plan, session, stage_started)
+    except ClaimLost as lost:
+        return _after_lost_claim(request, batch, plan, lost, started)
+    except errors.SourceMoved as moved:
+        _clean_up_after_failure(request, keys, plan, moved)
+        return summary_without_commit(
+            batch, started=started, replayed=True, sources=plan.sources(), already_committed=str(moved)
+        )
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then re-raised typed
+        taken = _claim_taken_quietly(request.url, plan)
+        if taken is not None:  # the run that took over dropped our staging: that is the failure
+            return _after_lost_claim(request, batch, plan, taken, started)
+        error = as_idem_error(exc, request.url)
+        _clean_up_after_failure(request, keys, plan, error)
+        raise error from exc
+
+
+def _after_lost_claim(
+    request: CommitRequest, batch: SourceBatch, plan: CommitPlan, lost: ClaimLost, started: float
+) -> dict[str, Any]:
+    """Our advisory locks went (a lost connection) and another run took the units over:
+    if it committed them, this run is a replay; else it fails with ``lost``'s line."""
+    drop_staging_quietly(request.url, [plan.commit_id])
+    refreshed = _refresh(request.url, batch)
+    if refreshed.fully_replayed:
+        return replay_batch(request, refreshed, started=started)
+    raise errors.InFlightError(f"{lost}; another run is ingesting it now") from lost
+
+
+def _claim_taken_quietly(url: str, plan: CommitPlan) -> ClaimLost | None:
+    """:func:`claim_taken` on a connection of its own; ``None`` when PostgreSQL cannot say
+    (it may be what failed)."""
+    try:
+        with connect(url) as conn:
+            return claim_taken(conn, plan)
+    except psycopg.Error:
+        return None
+
+
 def commit_batch(
     request: CommitRequest,
     coerced: CoercedBatch,
@@ -411,29 +465,14 @@ def commit_batch(
         batch = _refresh(request.url, batch)  # a run we waited for may have committed some units
         if batch.fully_replayed:
             return replay_batch(request, batch, started=started)
-        keys = sorted({u.key for u in batch.pending})
         session = spark() if batch.slices else None  # empty files: nothing to read, no Spark
         plan = _claim_and_create_staging(request, batch, coerced.tables)
+        checkpoint("claimed")
         stage_started = time.monotonic()
-        try:
-            result, stage_timings = _stage_and_apply(request, plan, session, stage_started)
-        except ClaimLost as lost:
-            # Our advisory locks went (a lost connection) and another run took the
-            # units over: if it committed them, this run is a replay.
-            drop_staging_quietly(request.url, [plan.commit_id])
-            refreshed = _refresh(request.url, batch)
-            if refreshed.fully_replayed:
-                return replay_batch(request, refreshed, started=started)
-            raise errors.InFlightError(f"{lost}; another run is ingesting it now") from lost
-        except errors.SourceMoved as moved:
-            _clean_up_after_failure(request, keys, plan, moved)
-            return summary_without_commit(
-                batch, started=started, replayed=True, sources=plan.sources(), already_committed=str(moved)
-            )
-        except Exception as exc:  # noqa: BLE001 - every failure is recorded, then re-raised typed
-            error = as_idem_error(exc, request.url)
-            _clean_up_after_failure(request, keys, plan, error)
-            raise error from exc
+        applied = _apply_or_fail(request, batch, plan, session, stage_started, started)
+        if not isinstance(applied, tuple):
+            return applied  # nothing of this run was applied: another run's commit, or the source's
+        result, stage_timings = applied
         result["timings"] = {
             **result.get("timings", {}),
             "prepare_seconds": round(stage_started - prepare_started, 3),
