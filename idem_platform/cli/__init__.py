@@ -40,6 +40,7 @@ from idem_platform.cli.output import (
     emit,
     exit_process,
     fail,
+    quiet_spark_connect_client,
     traceback_text,
     unexpected,
     worth_tracing,
@@ -78,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``idem`` with ``argv`` (default: the process's arguments); return the exit status."""
     remember_url(postgres_url_from_environment())  # no message below may show its password
     remember_url(spark_remote_from_environment())  # nor a Spark Connect server's token
+    quiet_spark_connect_client()  # nor PySpark's gRPC error log come before it
     invocation = Invocation()
     try:
         output = _invoke(argv, invocation)

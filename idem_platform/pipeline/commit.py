@@ -114,7 +114,12 @@ def _postgres_error(name: str, message: str, url: str | None = None) -> errors.I
 
 def error_from_spark(exc: BaseException, url: str | None = None) -> errors.IdemError:
     """The idem error behind a Spark job failure: the class an executor raised, else a transient error."""
+    from idem_platform.spark.remote import lost_server
+
     text = str(exc)
+    unanswered = lost_server(exc)
+    if unanswered is not None:  # gRPC's UNAVAILABLE: its details name the address and the reason
+        return errors.TransientError(f"the Spark Connect server did not answer ({unanswered})")
     raised = _RAISED.search(text)
     if raised:
         return errors.IdemError.from_json({"class": raised.group(1), "message": raised.group(2)})
@@ -465,7 +470,10 @@ def commit_batch(
         batch = _refresh(request.url, batch)  # a run we waited for may have committed some units
         if batch.fully_replayed:
             return replay_batch(request, batch, started=started)
-        session = spark() if batch.slices else None  # empty files: nothing to read, no Spark
+        try:
+            session = spark() if batch.slices else None  # empty files: nothing to read, no Spark
+        except Exception as exc:  # noqa: BLE001 - a server that does not answer is one line too
+            raise as_idem_error(exc) from exc
         plan = _claim_and_create_staging(request, batch, coerced.tables)
         checkpoint("claimed")
         stage_started = time.monotonic()
