@@ -46,6 +46,7 @@ from idem_platform.cli.output import (
     worth_tracing,
 )
 from idem_platform.errors import IdemError
+from idem_platform.private_files import restrict_umask
 from idem_platform.redact import remember_url
 from idem_platform.settings import postgres_url_from_environment, spark_remote_from_environment
 
@@ -108,5 +109,7 @@ def _invoke(argv: Sequence[str] | None, invocation: Invocation) -> Any:
 
 
 def run() -> None:
-    """The ``idem`` console script."""
+    """The ``idem`` console script (and ``python -m idem_platform.cli``): files it and the
+    processes it starts create are their owner's only (:func:`restrict_umask`)."""
+    restrict_umask()
     exit_process(main())
