@@ -264,8 +264,11 @@ def summary_without_commit(batch: SourceBatch, *, started: float, **details: Any
 def replay_batch(request: CommitRequest, batch: SourceBatch, *, started: float) -> dict[str, Any]:
     """Record a fully replayed batch (no Spark): a ``replay`` commit with the prior counts."""
     plan = _plan(request, replace(batch, pending=batch.replayed, slices=()), str(uuid.uuid4()), {})
+    priors = [batch.priors[u.key] for u in batch.replayed]
     with connect(request.url) as conn:
-        result = record_replay(conn, plan, [batch.priors[u.key] for u in batch.replayed])
+        result = record_replay(conn, plan, priors)
+    # A run killed right after its COMMIT left its staging tables: the commit is known now.
+    drop_staging_quietly(request.url, sorted({str(p["commit_id"]) for p in priors if p.get("commit_id")}))
     result["seconds"] = round(time.monotonic() - started, 3)
     return result
 
