@@ -6,6 +6,9 @@ it through ``spark.executorEnv.IDEM_FAULT`` (a cluster's executors):
 
 * ``pause:<marker path>`` writes the marker and sleeps, so a test can SIGKILL the
   whole process group at exactly that moment (a machine that dies);
+* ``hold:<marker path>`` writes the marker and waits until the test deletes it, then
+  goes on: the test acts on the paused run from outside (terminates its PostgreSQL
+  backend, takes its claim over) and lets it meet the consequence, with no timing;
 * ``sleep:<seconds>`` slows the point down (a straggler, for speculation);
 * ``crash`` kills the current process with SIGKILL;
 * ``raise`` raises :class:`InjectedFault` (a clean failure).
@@ -27,6 +30,7 @@ from idem_platform.settings import fault_from_environment
 POINTS = (
     # *_promote: around the applying transaction's COMMIT (the names are older than the
     # word "apply"; kept, being what IDEM_FAULT is set to)
+    "claimed",  # the units' ledger rows are this run's and its staging tables exist
     "before_stage", "staging", "before_promote", "during_promote", "after_promote",
     "migrate_batch",  # idem migrate: after each committed batch (record_type, partition, batch)
 )
@@ -55,6 +59,11 @@ def checkpoint(point: str, **context: object) -> None:
         Path(arg).write_text(str(os.getpid()))
         while True:
             time.sleep(3600)
+    if action == "hold":
+        marker = Path(arg)
+        marker.write_text(str(os.getpid()))
+        while marker.exists():
+            time.sleep(0.05)
     if action == "sleep":
         time.sleep(float(arg))
     if action == "crash":

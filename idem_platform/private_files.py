@@ -15,6 +15,22 @@ from typing import BinaryIO
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+PROCESS_UMASK = 0o077  # what idem's own processes create: no group or other bits
+
+
+def restrict_umask() -> None:
+    """Give this process (and every process it starts) the umask 077, once, at the start of
+    ``idem`` (:func:`idem_platform.cli.run`: every command, ``idem dev`` and ``idem serve``
+    included).
+
+    The helpers below cover the files idem writes itself, but not those its libraries
+    write for it with the process's umask: Dagster's compute logs (a run's stdout and
+    stderr, tracebacks and records in them), its SQLite storage and run workspaces, Spark's
+    scratch files, the daemon's and the webserver's files under ``idem dev``. Under the
+    usual umask 022 those were world-readable. A umask is the one setting every one of
+    them obeys; it is set here and nowhere else (a library must not change its host's).
+    """
+    os.umask(PROCESS_UMASK)
 
 
 def private_dir(path: Path) -> Path:

@@ -53,6 +53,15 @@ FAULT_ENV = "IDEM_FAULT"  # tests only: a crash point to fire (see idem_platform
 HTTP_TOKEN_ENV = "IDEM_HTTP_TOKEN"  # idem serve: the bearer token every request needs
 
 
+SPARK_CONNECT_LOG_LEVEL_ENV = "SPARK_CONNECT_LOG_LEVEL"  # PySpark's own: its Connect client's log level
+
+
+def spark_connect_log_level_from_environment() -> str | None:
+    """``SPARK_CONNECT_LOG_LEVEL`` (PySpark reads it too): set, a person asked for the Connect
+    client's log; unset, ``idem`` keeps it off stderr."""
+    return os.environ.get(SPARK_CONNECT_LOG_LEVEL_ENV) or None
+
+
 def native_allowed() -> bool:
     """Whether ``$IDEM_NATIVE`` allows the C path (anything but ``0``)."""
     return os.environ.get(NATIVE_ENV, "1") != "0"

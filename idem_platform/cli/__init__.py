@@ -40,11 +40,13 @@ from idem_platform.cli.output import (
     emit,
     exit_process,
     fail,
+    quiet_spark_connect_client,
     traceback_text,
     unexpected,
     worth_tracing,
 )
 from idem_platform.errors import IdemError
+from idem_platform.private_files import restrict_umask
 from idem_platform.redact import remember_url
 from idem_platform.settings import postgres_url_from_environment, spark_remote_from_environment
 
@@ -78,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``idem`` with ``argv`` (default: the process's arguments); return the exit status."""
     remember_url(postgres_url_from_environment())  # no message below may show its password
     remember_url(spark_remote_from_environment())  # nor a Spark Connect server's token
+    quiet_spark_connect_client()  # nor PySpark's gRPC error log come before it
     invocation = Invocation()
     try:
         output = _invoke(argv, invocation)
@@ -106,5 +109,7 @@ def _invoke(argv: Sequence[str] | None, invocation: Invocation) -> Any:
 
 
 def run() -> None:
-    """The ``idem`` console script."""
+    """The ``idem`` console script (and ``python -m idem_platform.cli``): files it and the
+    processes it starts create are their owner's only (:func:`restrict_umask`)."""
+    restrict_umask()
     exit_process(main())

@@ -19,7 +19,7 @@ from typing import Any
 from idem_platform.pipeline.retry import human_retry_summary
 from idem_platform.private_files import write_private_text
 from idem_platform.redact import scrub
-from idem_platform.settings import idem_home
+from idem_platform.settings import idem_home, spark_connect_log_level_from_environment
 
 
 class CommandError(Exception):
@@ -147,6 +147,23 @@ def fail(line: str, trace: str | None) -> int:
         sys.stderr.write(trace if trace.endswith("\n") else trace + "\n")
     sys.stderr.write(f"idem: error: {scrub(line)}\n")
     return 1
+
+
+# PySpark's Spark Connect client logs every failed gRPC call here, traceback and all
+# (pyspark/sql/connect/logging.py; client/core.py's _handle_rpc_error: "GRPC Error
+# received"). PySpark disables the logger unless SPARK_CONNECT_LOG_LEVEL is set, but any
+# logging.config.dictConfig(disable_existing_loggers=False) in the process (Dagster's, as
+# it loads the instance) enables it again: a dead server then printed 4-14 multi-kB lines
+# on stderr before idem's one line, which says the same.
+SPARK_CONNECT_LOGGER = "pyspark.sql.connect.logging"
+
+
+def quiet_spark_connect_client() -> None:
+    """Keep the Spark Connect client's gRPC error log off stderr, unless a person asked for
+    it with ``SPARK_CONNECT_LOG_LEVEL``: a level above every record it logs survives being
+    re-enabled, where ``disabled`` does not."""
+    if spark_connect_log_level_from_environment() is None:
+        logging.getLogger(SPARK_CONNECT_LOGGER).setLevel(logging.CRITICAL + 1)
 
 
 def exit_process(code: int) -> None:

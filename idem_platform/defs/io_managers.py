@@ -28,6 +28,7 @@ from idem_platform.config import IdemConfig
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.defs.summary import summary_from_metadata
 from idem_platform.pipeline.ingest import check_cluster_reach
+from idem_platform.private_files import create_private, private_dir
 from idem_platform.redact import secrets_kept
 
 LATEST = "latest"  # the plans directory that keeps each asset partition's latest plan
@@ -100,9 +101,13 @@ class SparkPlanIOManager(dg.ConfigurableIOManager):
 
     @staticmethod
     def _write(path: Path, data: bytes, run_id: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Write ``path`` whole or not at all (a temporary file renamed), 0600 in 0700
+        directories whatever the umask: a plan holds the batch's file names and slices."""
+        private_dir(path.parent)
         temporary = path.with_name(f"{path.name}.{run_id}.tmp")
-        temporary.write_bytes(data)
+        temporary.unlink(missing_ok=True)  # left by an earlier try of this step
+        with create_private(temporary) as handle:
+            handle.write(data)
         temporary.replace(path)
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:

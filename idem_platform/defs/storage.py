@@ -25,6 +25,12 @@ and one update of the asset's row, not N of each.
 (it has no pool setting in ``dagster.yaml``: dagster-io/dagster#33935); every use of it is
 in this module.
 
+A kept connection can die under the process (a PostgreSQL restart, an administrator's
+``pg_terminate_backend``): the pooled connections are checked with ``SELECT 1`` as they
+leave the pool (:func:`_check_alive`), so a dead one is replaced instead of failing the
+next event Dagster stores. Without it the first write after the loss raised Dagster's
+storage error in place of the run's own failure (the step's error was never recorded).
+
 The module imports nothing of idem's core: the daemon and the webserver load it.
 """
 
@@ -39,9 +45,32 @@ import dagster as dg
 from dagster_postgres.event_log import PostgresEventLogStorage
 from dagster_postgres.run_storage import PostgresRunStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
+from sqlalchemy import event, exc
+from sqlalchemy.pool import QueuePool
 
 POOL = {"statement_timeout": 0, "pool_recycle": 3600, "max_overflow": 4}
 EVENT_BATCH_SIZE = "1000"
+
+
+def _check_alive(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """A pool's ``checkout`` event: a connection PostgreSQL closed is replaced (SQLAlchemy's
+    ``DisconnectionError`` contract) before Dagster uses it.
+
+    Listened on every ``QueuePool`` of the process, since dagster-postgres makes its
+    engines privately; in a process of idem those are Dagster's kept storage connections
+    (the one-use ``NullPool`` sessions are fresh anyway).
+    """
+    try:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        if not dbapi_connection.autocommit:
+            dbapi_connection.rollback()
+    except Exception as error:  # noqa: BLE001 - any failure of a ping means a dead connection
+        raise exc.DisconnectionError(str(error)) from error
+
+
+if not event.contains(QueuePool, "checkout", _check_alive):
+    event.listen(QueuePool, "checkout", _check_alive)
 
 
 def _settings(config_value: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import psycopg
 from idem_platform import errors
 from idem_platform.config import ConnectorConfig
 from idem_platform.contract.catalog import TableSpec
+from idem_platform.faults import checkpoint
 from idem_platform.ledger import (
     DEFAULT_REPLAY_WINDOW,
     Fresh,
@@ -40,8 +41,8 @@ from idem_platform.ledger import (
 from idem_platform.pipeline.ingest import CoercedBatch, read_ledger, record_spec
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.tables import tables_with_rows
-from idem_platform.redact import remember_url, scrub
-from idem_platform.write.apply.claim import ClaimLost
+from idem_platform.redact import masked, remember_url, scrub
+from idem_platform.write.apply.claim import ClaimLost, claim_taken
 from idem_platform.write.apply.result import record_replay
 from idem_platform.write.apply.transaction import ApplyTransaction
 from idem_platform.write.batch import SourceBatch
@@ -72,21 +73,38 @@ class CommitRequest:
     progress: Callable[[str], None] | None = None  # told as each slice is staged and applied
 
 
-def as_idem_error(exc: BaseException) -> errors.IdemError:
-    """The typed error a failed commit reports (and records in the ledger)."""
+def as_idem_error(exc: BaseException, url: str | None = None) -> errors.IdemError:
+    """The typed error a failed commit reports (and records in the ledger); ``url``: the
+    PostgreSQL the commit writes to, named (password masked) when it closed the connection."""
     if isinstance(exc, errors.IdemError):
         return exc
     if isinstance(exc, psycopg.Error):
-        return _postgres_error(type(exc).__name__, str(exc))
+        return _postgres_error(type(exc).__name__, str(exc), url)
     if type(exc).__module__.startswith(("pyspark", "py4j")):
-        return error_from_spark(exc)
+        return error_from_spark(exc, url)
     return errors.TransientError(f"{type(exc).__name__}: {str(exc)[:1000]}")
 
 
-def _postgres_error(name: str, message: str) -> errors.IdemError:
+# A session PostgreSQL ended (terminated backend, shutdown, restart): the server's own
+# SQLSTATE classes, and libpq's words when the socket closed before any message.
+_CONNECTION_LOST_CLASSES = ("AdminShutdown", "CrashShutdown", "CannotConnectNow", "IdleSessionTimeout")
+_CONNECTION_LOST_TEXT = ("server closed the connection", "connection is closed", "connection is lost", "terminating connection")
+
+
+def _postgres_error(name: str, message: str, url: str | None = None) -> errors.IdemError:
     """A PostgreSQL failure as an idem error: a data exception (SQLSTATE class 22, psycopg's
     ``DataError``: a value PostgreSQL cannot store or convert) would meet the same data on
-    every retry, so it is terminal; anything else (a lost connection, a lock) is transient."""
+    every retry, so it is terminal; anything else (a lost connection, a lock) is transient.
+
+    A lost connection says so in plain words, with the server's URL (password masked):
+    the one line a person reads must tell a restart from a bug in the batch."""
+    first = (message.strip().splitlines() or [""])[0].strip()
+    if name in _CONNECTION_LOST_CLASSES or any(text in message for text in _CONNECTION_LOST_TEXT):
+        server = f" at {masked(url)}" if url else ""
+        return errors.TransientError(
+            f"PostgreSQL: the server closed the connection ({name}: {first[:300]}){server}; "
+            "nothing of this run was committed, the next run retries"
+        )
     text = f"PostgreSQL: {name}: {message.strip()[:1000]}"
     found = getattr(psycopg.errors, name, None)
     if isinstance(found, type) and issubclass(found, psycopg.errors.DataError):
@@ -94,9 +112,14 @@ def _postgres_error(name: str, message: str) -> errors.IdemError:
     return errors.TransientError(text)
 
 
-def error_from_spark(exc: BaseException) -> errors.IdemError:
+def error_from_spark(exc: BaseException, url: str | None = None) -> errors.IdemError:
     """The idem error behind a Spark job failure: the class an executor raised, else a transient error."""
+    from idem_platform.spark.remote import lost_server
+
     text = str(exc)
+    unanswered = lost_server(exc)
+    if unanswered is not None:  # gRPC's UNAVAILABLE: its details name the address and the reason
+        return errors.TransientError(f"the Spark Connect server did not answer ({unanswered})")
     raised = _RAISED.search(text)
     if raised:
         return errors.IdemError.from_json({"class": raised.group(1), "message": raised.group(2)})
@@ -108,7 +131,7 @@ def error_from_spark(exc: BaseException) -> errors.IdemError:
     if causes and (psycopg_cause := _PSYCOPG_CAUSE.match(causes[-1])):
         # An executor lost PostgreSQL: report it as the driver reports its own losses.
         name, message = psycopg_cause.groups()
-        return _postgres_error(name, message)
+        return _postgres_error(name, message, url)
     first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
     return errors.TransientError(f"Spark job failed: {(causes[-1] if causes else first)[:1000]}")
 
@@ -241,8 +264,11 @@ def summary_without_commit(batch: SourceBatch, *, started: float, **details: Any
 def replay_batch(request: CommitRequest, batch: SourceBatch, *, started: float) -> dict[str, Any]:
     """Record a fully replayed batch (no Spark): a ``replay`` commit with the prior counts."""
     plan = _plan(request, replace(batch, pending=batch.replayed, slices=()), str(uuid.uuid4()), {})
+    priors = [batch.priors[u.key] for u in batch.replayed]
     with connect(request.url) as conn:
-        result = record_replay(conn, plan, [batch.priors[u.key] for u in batch.replayed])
+        result = record_replay(conn, plan, priors)
+    # A run killed right after its COMMIT left its staging tables: the commit is known now.
+    drop_staging_quietly(request.url, sorted({str(p["commit_id"]) for p in priors if p.get("commit_id")}))
     result["seconds"] = round(time.monotonic() - started, 3)
     return result
 
@@ -348,6 +374,8 @@ def _stage_and_apply(
                 + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
             )
         result = applying.finish()
+    if applying.leftovers:  # the connection went after COMMIT: drop them on a new one
+        drop_staging_quietly(request.url, [plan.commit_id])
     task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]
     attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
     return result, {
@@ -356,6 +384,59 @@ def _stage_and_apply(
         # Spark's attempt number of the accepted attempt of each slice (0 = first try).
         "stage_attempt_numbers": attempt_numbers,
     }
+
+
+def _apply_or_fail(
+    request: CommitRequest, batch: SourceBatch, plan: CommitPlan, session: SparkSession | None, stage_started: float,
+    started: float,
+) -> tuple[dict[str, Any], dict[str, Any]] | dict[str, Any]:
+    """:func:`_stage_and_apply`, its result and timings; or, when nothing of this run was
+    applied because another run committed the units or the source's range first, the
+    summary of a run that committed nothing.
+
+    Raises:
+        InFlightError: another run took the claim over and is ingesting the units now.
+        IdemError: any other failure, typed (:func:`as_idem_error`) and recorded in the ledger.
+    """
+    keys = sorted({u.key for u in batch.pending})
+    try:
+        return _stage_and_apply(request, plan, session, stage_started)
+    except ClaimLost as lost:
+        return _after_lost_claim(request, batch, plan, lost, started)
+    except errors.SourceMoved as moved:
+        _clean_up_after_failure(request, keys, plan, moved)
+        return summary_without_commit(
+            batch, started=started, replayed=True, sources=plan.sources(), already_committed=str(moved)
+        )
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then re-raised typed
+        taken = _claim_taken_quietly(request.url, plan)
+        if taken is not None:  # the run that took over dropped our staging: that is the failure
+            return _after_lost_claim(request, batch, plan, taken, started)
+        error = as_idem_error(exc, request.url)
+        _clean_up_after_failure(request, keys, plan, error)
+        raise error from exc
+
+
+def _after_lost_claim(
+    request: CommitRequest, batch: SourceBatch, plan: CommitPlan, lost: ClaimLost, started: float
+) -> dict[str, Any]:
+    """Our advisory locks went (a lost connection) and another run took the units over:
+    if it committed them, this run is a replay; else it fails with ``lost``'s line."""
+    drop_staging_quietly(request.url, [plan.commit_id])
+    refreshed = _refresh(request.url, batch)
+    if refreshed.fully_replayed:
+        return replay_batch(request, refreshed, started=started)
+    raise errors.InFlightError(f"{lost}; another run is ingesting it now") from lost
+
+
+def _claim_taken_quietly(url: str, plan: CommitPlan) -> ClaimLost | None:
+    """:func:`claim_taken` on a connection of its own; ``None`` when PostgreSQL cannot say
+    (it may be what failed)."""
+    try:
+        with connect(url) as conn:
+            return claim_taken(conn, plan)
+    except psycopg.Error:
+        return None
 
 
 def commit_batch(
@@ -392,29 +473,17 @@ def commit_batch(
         batch = _refresh(request.url, batch)  # a run we waited for may have committed some units
         if batch.fully_replayed:
             return replay_batch(request, batch, started=started)
-        keys = sorted({u.key for u in batch.pending})
-        session = spark() if batch.slices else None  # empty files: nothing to read, no Spark
-        plan = _claim_and_create_staging(request, batch, coerced.tables)
-        stage_started = time.monotonic()
         try:
-            result, stage_timings = _stage_and_apply(request, plan, session, stage_started)
-        except ClaimLost as lost:
-            # Our advisory locks went (a lost connection) and another run took the
-            # units over: if it committed them, this run is a replay.
-            drop_staging_quietly(request.url, [plan.commit_id])
-            refreshed = _refresh(request.url, batch)
-            if refreshed.fully_replayed:
-                return replay_batch(request, refreshed, started=started)
-            raise errors.InFlightError(f"{lost}; another run is ingesting it now") from lost
-        except errors.SourceMoved as moved:
-            _clean_up_after_failure(request, keys, plan, moved)
-            return summary_without_commit(
-                batch, started=started, replayed=True, sources=plan.sources(), already_committed=str(moved)
-            )
-        except Exception as exc:  # noqa: BLE001 - every failure is recorded, then re-raised typed
-            error = as_idem_error(exc)
-            _clean_up_after_failure(request, keys, plan, error)
-            raise error from exc
+            session = spark() if batch.slices else None  # empty files: nothing to read, no Spark
+        except Exception as exc:  # noqa: BLE001 - a server that does not answer is one line too
+            raise as_idem_error(exc) from exc
+        plan = _claim_and_create_staging(request, batch, coerced.tables)
+        checkpoint("claimed")
+        stage_started = time.monotonic()
+        applied = _apply_or_fail(request, batch, plan, session, stage_started, started)
+        if not isinstance(applied, tuple):
+            return applied  # nothing of this run was applied: another run's commit, or the source's
+        result, stage_timings = applied
         result["timings"] = {
             **result.get("timings", {}),
             "prepare_seconds": round(stage_started - prepare_started, 3),

@@ -467,3 +467,32 @@ def test_an_ingest_whose_server_is_killed_fails_in_seconds_and_commits_nothing(
         committed = conn.execute("SELECT count(*) FROM idem.ingest_ledger WHERE status = 'committed'").fetchone()
     assert not [s for s in sessions if s[1] and s[1].startswith("idle in transaction")], sessions
     assert committed is not None and committed[0] == 0 and _rows(pg_url) == 0
+
+
+def test_an_ingest_whose_server_is_absent_fails_with_one_line_and_no_grpc_log(
+    pg_url: str, tmp_path: Path, threatfeed: IdemConfig
+) -> None:
+    """No server on the Connect URL's port: stderr holds the run's progress and the one
+    error line, not PySpark's ``GRPC Error received`` log records (multi-kB each, one per
+    failed call), which Dagster's logging setup used to let through."""
+    import socket
+
+    connector = threatfeed.connector("threatfeed")
+    assert connector.path is not None
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = cli_env(pg_url, tmp_path, threatfeed)
+    env.pop("DAGSTER_HOME")  # idem's own instance (storage on PostgreSQL), as people run it
+    env.pop("SPARK_CONNECT_LOG_LEVEL", None)
+    env.update({"IDEM_HOME": str(tmp_path / "idem-home"), "IDEM_SPARK_REMOTE": f"sc://localhost:{port}"})
+    path = write_lines(connector.path / "nowhere.ndjson", list(threatfeed_lines(20, seed=53)))
+    done = subprocess.run(idem_command("ingest", "--json", str(path)), env=env, capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == 1
+    assert "GRPC Error" not in done.stderr and "_InactiveRpcError" not in done.stderr, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("idem: error: threatfeed__committed: TransientError: the Spark Connect server did not answer ("), lines
+    assert f":{port}: Failed to connect to remote host: Connection refused)" in lines[-1], lines[-1]
+    assert [line for line in lines[:-1] if not line.startswith("threatfeed__")] == [], lines
+    assert _rows(pg_url) == 0

@@ -69,6 +69,7 @@ class ApplyTransaction:
         self.lock_seconds = 0.0
         self._transaction: Any = None
         self.inserts = TableInserts(conn, plan)
+        self.leftovers = False  # committed, but its staging tables could not be dropped on conn
 
     def __enter__(self) -> ApplyTransaction:
         return self
@@ -257,22 +258,26 @@ class ApplyTransaction:
         transaction.__exit__(None, None, None)
         result["timings"]["commit_seconds"] = round(time.monotonic() - finishing, 3)
         checkpoint("after_promote")
-        _drop_leftovers(self.conn, self.plan)
+        self.leftovers = not _drop_leftovers(self.conn, self.plan)
         return result
 
 
-def _drop_leftovers(conn: psycopg.Connection, plan: CommitPlan) -> None:
-    """After COMMIT: drop the templates and the tables of attempts that were not applied.
+def _drop_leftovers(conn: psycopg.Connection, plan: CommitPlan) -> bool:
+    """After COMMIT: drop the templates and the tables of attempts that were not applied;
+    whether that went through.
 
     Best effort and never blocking: a zombie attempt may still be copying into
     its table (a lost executor's task, a speculative copy Spark has not killed
     yet), so the drop gives up after a short lock wait and the purge schedule
     drops whatever is left (tables of a committed commit go on its next run).
+    A connection lost right after COMMIT fails it too: the caller then tries once
+    more on a connection of its own (:attr:`ApplyTransaction.leftovers`).
     """
     try:
         drop_staging(conn, plan)
     except psycopg.Error:
-        pass  # the commit is durable already: a leftover must not turn it into a failure
+        return False  # the commit is durable already: a leftover must not turn it into a failure
+    return True
 
 
 def apply_staged(conn: psycopg.Connection, plan: CommitPlan, messages: list[StagedAttempt | None]) -> dict[str, Any]:
