@@ -11,13 +11,11 @@ import dagster as dg
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.defs.connector.names import asset_keys, group_of
 from idem_platform.defs.metadata import to_metadata
-from idem_platform.defs.resources import PostgresResource
+from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.defs.tables import declared_schema
 from idem_platform.pipeline.ingest import CoercedBatch, current_tables
 from idem_platform.write.batch import SourceBatch
 
-PLAN_IO_MANAGER = "spark_plan_io_manager"
-WAREHOUSE_IO_MANAGER = "warehouse_io_manager"
 
 
 def table_definitions(idem_config: IdemConfig, connector: ConnectorConfig) -> dict[str, dg.MetadataValue]:
@@ -43,7 +41,10 @@ def single_run_policy(partitions: dg.PartitionsDefinition | None) -> dg.Backfill
 
 
 def build_commit_assets(
-    idem_config: IdemConfig, connector: ConnectorConfig, partitions: dg.PartitionsDefinition | None
+    idem_config: IdemConfig,
+    connector: ConnectorConfig,
+    partitions: dg.PartitionsDefinition | None,
+    resource_keys: ResourceKeys = DEFAULT_KEYS,
 ) -> list[dg.AssetsDefinition]:
     """``coerced`` and ``committed`` downstream of the connector's ``ingest``."""
     ingest_key, coerced_key, committed_key = asset_keys(connector)
@@ -56,7 +57,8 @@ def build_commit_assets(
         ins={"ingest": dg.AssetIn(ingest_key)},
         partitions_def=partitions,
         backfill_policy=single_run_policy(partitions),
-        io_manager_key=PLAN_IO_MANAGER,
+        io_manager_key=resource_keys.plan_io_manager,
+        required_resource_keys={resource_keys.postgres},
         group_name=group,
         kinds={"spark", "python"},
         tags=tags,
@@ -68,8 +70,8 @@ def build_commit_assets(
             "record key. Lazy, like ingest. Idempotent."
         ),
     )
-    def coerced(context: dg.AssetExecutionContext, ingest: SourceBatch, postgres: PostgresResource) -> dg.Output[CoercedBatch]:
-        tables = current_tables(postgres.resolved_url, idem_config, connector)
+    def coerced(context: dg.AssetExecutionContext, ingest: SourceBatch) -> dg.Output[CoercedBatch]:
+        tables = current_tables(resource_keys.postgres_of(context).resolved_url, idem_config, connector)
         value = CoercedBatch(ingest, connector, tables)
         return dg.Output(value, metadata=to_metadata(value.metadata()))
 
@@ -86,7 +88,7 @@ def build_commit_assets(
         ins={"coerced": dg.AssetIn(coerced_key)},
         partitions_def=partitions,
         backfill_policy=single_run_policy(partitions),
-        io_manager_key=WAREHOUSE_IO_MANAGER,
+        io_manager_key=resource_keys.warehouse_io_manager,
         group_name=group,
         kinds={"postgres"},
         tags=tags,

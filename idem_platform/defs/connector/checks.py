@@ -12,7 +12,7 @@ from dagster import PreviewWarning
 
 from idem_platform.config import ConnectorConfig
 from idem_platform.contract.catalog import TableSpec
-from idem_platform.defs.resources import PostgresResource
+from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.defs.summary import (
     REJECT_SAMPLE,
     reject_ratio,
@@ -93,6 +93,7 @@ def build_checks(
     coerced_key: dg.AssetKey,
     committed_key: dg.AssetKey,
     partitions: dg.PartitionsDefinition | None = None,
+    resource_keys: ResourceKeys = DEFAULT_KEYS,
 ) -> list[dg.AssetChecksDefinition]:
     """The connector's asset checks, partitioned like its assets: each dropped file has its
     own results, and one file's warning is never replaced by the next file's pass.
@@ -102,7 +103,7 @@ def build_checks(
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=PreviewWarning)
-        return _build_checks(connector, coerced_key, committed_key, partitions)
+        return _build_checks(connector, coerced_key, committed_key, partitions, resource_keys)
 
 
 def _build_checks(
@@ -110,12 +111,13 @@ def _build_checks(
     coerced_key: dg.AssetKey,
     committed_key: dg.AssetKey,
     partitions: dg.PartitionsDefinition | None,
+    resource_keys: ResourceKeys,
 ) -> list[dg.AssetChecksDefinition]:
     """One builder per check, so each reads on its own; the list keeps the order Dagster has always shown."""
     return [
         _pandera_contract_check(coerced_key, partitions),
-        _commit_consistency_check(committed_key, partitions),
-        _reject_ratio_check(connector, committed_key, partitions),
+        _commit_consistency_check(committed_key, partitions, resource_keys),
+        _reject_ratio_check(connector, committed_key, partitions, resource_keys),
     ]
 
 
@@ -167,7 +169,7 @@ def _pandera_contract_check(
 
 
 def _commit_consistency_check(
-    committed_key: dg.AssetKey, partitions: dg.PartitionsDefinition | None
+    committed_key: dg.AssetKey, partitions: dg.PartitionsDefinition | None, resource_keys: ResourceKeys
 ) -> dg.AssetChecksDefinition:
     """``commit_consistency`` on ``committed``: proof from PostgreSQL itself that the partition's
     last commit is whole (the rows and rejects it claims are there, keys are unique)."""
@@ -176,12 +178,14 @@ def _commit_consistency_check(
         asset=committed_key,
         partitions_def=partitions,
         name="commit_consistency",
+        required_resource_keys={resource_keys.postgres},
         description=(
             "The partition's latest commit is whole: each table holds exactly the rows the commit "
             "says it wrote, no key twice, and written + skipped + rejected covers every record."
         ),
     )
-    def commit_consistency(context: dg.AssetCheckExecutionContext, postgres: PostgresResource) -> dg.AssetCheckResult:
+    def commit_consistency(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        postgres = resource_keys.postgres_of(context)
         summary = _latest_summary(context, committed_key)
         if summary is None:
             return dg.AssetCheckResult(passed=False, metadata={"error": "no materialization with a summary"})
@@ -220,7 +224,10 @@ def _commit_consistency_check(
 
 
 def _reject_ratio_check(
-    connector: ConnectorConfig, committed_key: dg.AssetKey, partitions: dg.PartitionsDefinition | None
+    connector: ConnectorConfig,
+    committed_key: dg.AssetKey,
+    partitions: dg.PartitionsDefinition | None,
+    resource_keys: ResourceKeys,
 ) -> dg.AssetChecksDefinition:
     """``reject_ratio`` on ``committed``: a warning (never a failure) when a commit rejected more
     than 1% of its records, with a sample of the rejects so the cause is one click away."""
@@ -229,12 +236,14 @@ def _reject_ratio_check(
         asset=committed_key,
         partitions_def=partitions,
         name="reject_ratio",
+        required_resource_keys={resource_keys.postgres},
         description=(
             "Warns when the partition's last commit rejected more than 1% of its records "
             f"(the batch fails outright above max_reject_ratio={connector.max_reject_ratio})."
         ),
     )
-    def reject_ratio_check(context: dg.AssetCheckExecutionContext, postgres: PostgresResource) -> dg.AssetCheckResult:
+    def reject_ratio_check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        postgres = resource_keys.postgres_of(context)
         summary = _latest_summary(context, committed_key) or {}
         if summary.get("replayed") and isinstance(summary.get("prior"), dict):
             # A replay wrote and rejected nothing; the partition's data is the prior commit's.
