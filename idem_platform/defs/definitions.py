@@ -96,6 +96,7 @@ def build_definitions(
     files_outside_drop_dir: bool = False,
     postgres_url_env: str = POSTGRES_URL_ENV,
     job_suffix: str = "",
+    purge: bool = True,
 ) -> dg.Definitions:
     """Definitions for every connector in ``config`` plus the shared resources and schedules.
 
@@ -114,6 +115,9 @@ def build_definitions(
     ``postgres_url_env`` names the database (see :func:`resources_for`); ``job_suffix``
     is appended to the jobs made from the whole config (``idem_migrate``,
     ``idem_promote_column``), so two components' jobs never share a name.
+    ``purge=False`` leaves out the database's ``ledger_purge_job`` and its hourly schedule
+    (Dagster takes one job and schedule of a name: of the components on one database, one
+    brings them).
 
     Raises:
         ConfigError: a ``migrations:`` module cannot be imported (:meth:`IdemConfig.chains`).
@@ -136,14 +140,14 @@ def build_definitions(
     # idem/<record_type>: one asset per table, downstream of the connectors that write it.
     parts.append(dg.Definitions(assets=table_asset_specs(config, keys)))
     parts.append(user_definitions(config))
-    purge_job, purge_schedule = ledger_purge(keys)
+    purge_job, schedule = ledger_purge(keys)
     base = dg.Definitions(
         jobs=[
-            purge_job,
+            *([purge_job] if purge else []),
             promote_column_job(config, keys, name=RETYPE_JOB + job_suffix),
             migrate_job(config, keys, name=MIGRATE_JOB + job_suffix),
         ],
-        schedules=[purge_schedule],
+        schedules=[schedule] if purge else [],
         resources=resources_for(config, postgres_url=postgres_url, postgres_url_env=postgres_url_env),
     )
     return dg.Definitions.merge(base, *parts)

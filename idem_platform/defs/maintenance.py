@@ -27,7 +27,7 @@ def ledger_purge(resource_keys: ResourceKeys = DEFAULT_KEYS) -> tuple[dg.JobDefi
 @functools.cache
 def _ledger_purge(resource_keys: ResourceKeys) -> tuple[dg.JobDefinition, dg.ScheduleDefinition]:
     @dg.op(
-        name="purge_ledger",
+        name=resource_keys.named("purge_ledger"),
         required_resource_keys={resource_keys.postgres},
         description="Delete ledger rows expired for over an hour; drop staging tables older than a day.",
     )

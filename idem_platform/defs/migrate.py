@@ -67,7 +67,7 @@ def migrate_job(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_KEYS, 
     idem_config = config  # the op's own `config` parameter is its run config
 
     @dg.op(
-        name=OP_NAME,
+        name=OP_NAME + name.removeprefix(JOB_NAME),  # op names are unique in a code location too
         required_resource_keys={resource_keys.postgres, resource_keys.spark},
         description=(
             "Upgrade rows stored at an older schema_version through the migrations, in place: in Spark on the "

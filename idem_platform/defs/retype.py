@@ -62,7 +62,7 @@ def promote_column_job(
     specs = config.table_specs
 
     @dg.op(
-        name="promote_column",
+        name="promote_column" + name.removeprefix(JOB_NAME),  # op names are unique in a code location too
         required_resource_keys={resource_keys.postgres},
         description=(
             "Give an evolved text column a typed companion column (long, real, timestamp, bool) that new commits "

@@ -58,7 +58,8 @@ def database_resources(
     pointed at a cluster through the ``idem_spark`` resource's config would still commit
     on ``local[*]``.
     """
-    setting = (type(url).__name__, None if url is None else str(url))
+    # An EnvVar refuses str(): it is its name that identifies it.
+    setting = ("env", url.env_var_name) if isinstance(url, dg.EnvVar) else ("value", url)
     postgres = shared(("postgres", keys.postgres, setting), lambda: PostgresResource.configure_at_launch(url=url))
     spark = shared(
         ("spark", keys.spark, spark_settings(spark_config)),
