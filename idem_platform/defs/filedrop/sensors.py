@@ -167,7 +167,9 @@ def build_filedrop_sensor(
             "file per run. Run keys carry the attempt number, so failed files are retried."
         ),
     )
-    def filedrop_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    def filedrop_sensor(context: dg.SensorEvaluationContext, **_resources: Any) -> dg.SensorResult:
+        # A sensor called directly (a test's build_sensor_context) is handed its required
+        # resources as keyword arguments; the daemon hands none. Both read the context's.
         postgres = resource_keys.postgres_of(context)
         try:
             directory.mkdir(parents=True, exist_ok=True)  # a new connector's drop directory exists from its first tick

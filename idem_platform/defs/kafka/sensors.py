@@ -57,7 +57,8 @@ def build_kafka_sensor(
             "key; nothing is requested while a run of the connector is in flight or the brokers are down."
         ),
     )
-    def kafka_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    def kafka_sensor(context: dg.SensorEvaluationContext, **_resources: Any) -> dg.SensorResult | dg.SkipReason:
+        # Called directly, a sensor is handed its required resources as keyword arguments.
         postgres = resource_keys.postgres_of(context)
         active = context.instance.get_runs(filters=dg.RunsFilter(job_name=job.name, statuses=ACTIVE_STATUSES), limit=1)
         if active:
