@@ -15,5 +15,11 @@ from idem_platform.defs.definitions import build_definitions
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    """Definitions generated from ``idem.yaml`` (asset factory per connector)."""
-    return build_definitions(load_config())
+    """Definitions generated from ``idem.yaml`` (asset factory per connector).
+
+    This location is idem's own, so its implicit asset job (the UI's "Materialize",
+    backfills) runs in process too, like idem's jobs: the steps share one Spark session
+    instead of starting one per step. A ``dg`` project's :class:`IdemComponent` leaves
+    the project's executor alone.
+    """
+    return dg.Definitions.merge(build_definitions(load_config()), dg.Definitions(executor=dg.in_process_executor))

@@ -10,55 +10,45 @@ import dagster as dg
 
 from idem_platform.config import FileConnectorBase, IdemConfig, KafkaConnector
 from idem_platform.defs.filedrop.definitions import filedrop_definitions
-from idem_platform.defs.io_managers import SparkPlanIOManager, TableIOManager, WarehouseIOManager
 from idem_platform.defs.kafka.definitions import kafka_definitions
-from idem_platform.defs.maintenance import ledger_purge_job, ledger_purge_schedule
+from idem_platform.defs.maintenance import ledger_purge
+from idem_platform.defs.migrate import JOB_NAME as MIGRATE_JOB
 from idem_platform.defs.migrate import migrate_job
 from idem_platform.defs.rejects import rejects_definitions
-from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.resources import ResourceKeys
+from idem_platform.defs.retype import JOB_NAME as RETYPE_JOB
 from idem_platform.defs.retype import promote_column_job
-from idem_platform.defs.tables import TABLE_IO_MANAGER, table_asset_specs
+from idem_platform.defs.shared import database_resources
+from idem_platform.defs.tables import table_asset_specs
 from idem_platform.redact import remember_url, url_secrets
 from idem_platform.settings import POSTGRES_URL_ENV, postgres_url_from_environment
 from idem_platform.spark.session import spark_config_for
 
 
-def resources_for(config: IdemConfig, *, postgres_url: str | None = None) -> dict[str, object]:
-    """``postgres``, ``spark`` and the IO managers, configured from ``config``.
+def resources_for(
+    config: IdemConfig, *, postgres_url: str | None = None, postgres_url_env: str = POSTGRES_URL_ENV
+) -> dict[str, object]:
+    """``idem_postgres``, ``idem_spark`` and the IO managers, configured from ``config``.
 
-    ``postgres`` and ``spark`` are bound with ``configure_at_launch``: their
-    values from idem.yaml are the defaults a run's config (the Launchpad) may
-    replace, and the IO manager's nested references then resolve to these
-    top-level resources. A fully bound nested resource would be a separate copy
-    that keeps the bound values, so a run pointed at a cluster through the
-    ``spark`` resource's config would still commit on ``local[*]``.
+    Built once per database and settings in a process (:mod:`idem_platform.defs.shared`),
+    under the keys of :class:`~idem_platform.defs.resources.ResourceKeys`.
 
     Args:
         config: the parsed idem.yaml.
-        postgres_url: an explicit URL (tests, embedding); default ``IDEM_POSTGRES_URL``
-            as a Dagster ``EnvVar`` (read at launch, hidden in the UI), else embedded.
-            An explicit URL with a password is handed over as an ``EnvVar`` too (see
-            :func:`_hidden_url`).
+        postgres_url: an explicit URL (tests, embedding); default the variable
+            ``postgres_url_env`` as a Dagster ``EnvVar`` (read at launch, hidden in the UI);
+            ``IDEM_POSTGRES_URL`` unset means the embedded server. An explicit URL with a
+            password is handed over as an ``EnvVar`` too (see :func:`_hidden_url`).
+        postgres_url_env: the environment variable holding the database's URL; another
+            than ``IDEM_POSTGRES_URL`` gives the database keys of its own.
     """
     url: str | dg.EnvVar | None = postgres_url
-    if url is None and postgres_url_from_environment():
-        url = dg.EnvVar(POSTGRES_URL_ENV)
-    elif url is not None and url_secrets(url):
+    if url is not None and url_secrets(url):
         url = _hidden_url(url)
-    postgres = PostgresResource.configure_at_launch(url=url)
-    spark = SparkResource.configure_at_launch(
-        spark_config=spark_config_for(config.spark_master(), dict(config.spark.conf))
-    )
-    return {
-        "postgres": postgres,
-        "spark": spark,
-        "spark_plan_io_manager": SparkPlanIOManager(),
-        "warehouse_io_manager": WarehouseIOManager(),
-        # Loads the idem/<record_type> table assets for downstream assets (read-only).
-        TABLE_IO_MANAGER: TableIOManager(
-            postgres=postgres, spark=spark, idem_config=dg.ResourceDefinition.hardcoded_resource(config)
-        ),
-    }
+    elif url is None and (postgres_url_env != POSTGRES_URL_ENV or postgres_url_from_environment()):
+        url = dg.EnvVar(postgres_url_env)
+    spark_config = spark_config_for(config.spark_master(), dict(config.spark.conf))
+    return database_resources(ResourceKeys.for_env(postgres_url_env), url, spark_config, config)
 
 
 def _hidden_url(url: str) -> dg.EnvVar:
@@ -100,38 +90,64 @@ def user_definitions(config: IdemConfig) -> dg.Definitions:
 
 
 def build_definitions(
-    config: IdemConfig, *, postgres_url: str | None = None, files_outside_drop_dir: bool = False
+    config: IdemConfig,
+    *,
+    postgres_url: str | None = None,
+    files_outside_drop_dir: bool = False,
+    postgres_url_env: str = POSTGRES_URL_ENV,
+    job_suffix: str = "",
+    purge: bool = True,
 ) -> dg.Definitions:
     """Definitions for every connector in ``config`` plus the shared resources and schedules.
+
+    The one builder of both ways to run idem: the standalone code location
+    (``idem_platform.definitions``, ``workspace.yaml``, ``idem dev``) and each
+    :class:`~idem_platform.defs.component.IdemComponent` of a ``dg`` project.
+    No executor is set on the definitions: idem's jobs run in process by their own
+    ``executor_def`` (the steps share one Spark session), and a project's own assets keep
+    the project's executor.
 
     ``files_outside_drop_dir`` lets a file-drop ``ingest`` read files named anywhere:
     only for ``idem ingest``, which builds its definitions in process for a user who
     may read any file of their own. The code location (``dagster dev``, the daemon)
     never sets it, so a run launched from the UI reads only its drop directory.
 
+    ``postgres_url_env`` names the database (see :func:`resources_for`); ``job_suffix``
+    is appended to the jobs made from the whole config (``idem_migrate``,
+    ``idem_promote_column``), so two components' jobs never share a name.
+    ``purge=False`` leaves out the database's ``ledger_purge_job`` and its hourly schedule
+    (Dagster takes one job and schedule of a name: of the components on one database, one
+    brings them).
+
     Raises:
         ConfigError: a ``migrations:`` module cannot be imported (:meth:`IdemConfig.chains`).
     """
     config.chains()  # a broken migration chain fails the code location's load, naming the type and the step
+    keys = ResourceKeys.for_env(postgres_url_env)
     parts = []
     for connector in config.connectors:
         if isinstance(connector, FileConnectorBase):  # filedrop, and http/otlp whose bodies idem serve lands as files
-            parts.append(filedrop_definitions(config, connector, files_outside_drop_dir=files_outside_drop_dir))
+            parts.append(
+                filedrop_definitions(
+                    config, connector, files_outside_drop_dir=files_outside_drop_dir, resource_keys=keys
+                )
+            )
         elif isinstance(connector, KafkaConnector):
-            parts.append(kafka_definitions(config, connector))
+            parts.append(kafka_definitions(config, connector, keys))
         else:  # every kind is one of the two: mypy holds ConnectorConfig to that
             assert_never(connector)
-        parts.append(rejects_definitions(config, connector))  # <connector>_retry_rejects
+        parts.append(rejects_definitions(config, connector, keys))  # <connector>_retry_rejects
     # idem/<record_type>: one asset per table, downstream of the connectors that write it.
-    parts.append(dg.Definitions(assets=table_asset_specs(config)))
+    parts.append(dg.Definitions(assets=table_asset_specs(config, keys)))
     parts.append(user_definitions(config))
+    purge_job, schedule = ledger_purge(keys)
     base = dg.Definitions(
-        # Every job runs its steps in one process, the implicit asset job of the UI's
-        # "Materialize" and backfills included: the steps share one Spark session, and
-        # a replay costs seconds, not a process per step.
-        executor=dg.in_process_executor,
-        jobs=[ledger_purge_job, promote_column_job(config), migrate_job(config)],
-        schedules=[ledger_purge_schedule],
-        resources=resources_for(config, postgres_url=postgres_url),
+        jobs=[
+            *([purge_job] if purge else []),
+            promote_column_job(config, keys, name=RETYPE_JOB + job_suffix),
+            migrate_job(config, keys, name=MIGRATE_JOB + job_suffix),
+        ],
+        schedules=[schedule] if purge else [],
+        resources=resources_for(config, postgres_url=postgres_url, postgres_url_env=postgres_url_env),
     )
     return dg.Definitions.merge(base, *parts)

@@ -1,13 +1,13 @@
 """IO managers: where the ``ingest``/``coerced`` plans live, and how ``committed`` is written.
 
-``spark_plan_io_manager`` stores the *plan* of a lazy Spark frame (units, keys,
+``idem_plan_io_manager`` stores the *plan* of a lazy Spark frame (units, keys,
 slices, catalog), a few kilobytes, not its rows; the frame is rebuilt from the
 plan wherever it is loaded, and the records are read once, by the executors, at
 commit time. Each plan is kept under its run and, as the latest one, under its
 asset and partition: a run that materializes only ``committed`` (the UI's
 "Materialize" on one asset) loads the latest ``coerced`` plan of its partition.
 
-``warehouse_io_manager`` gives downstream assets the commit summary that the
+``idem_warehouse_io_manager`` gives downstream assets the commit summary that the
 ``committed`` asset (which commits in its body, DESIGN §5) recorded as metadata.
 
 ``idem_table_io_manager`` loads those table assets for downstream assets: a lazy
@@ -25,7 +25,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from idem_platform.config import IdemConfig
-from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.resources import ConfigsByTable, PostgresResource, SparkResource
 from idem_platform.defs.summary import summary_from_metadata
 from idem_platform.pipeline.ingest import check_cluster_reach
 from idem_platform.private_files import create_private, private_dir
@@ -211,9 +211,9 @@ class TableIOManager(dg.ConfigurableIOManager):
 
     postgres: dg.ResourceDependency[PostgresResource]
     spark: dg.ResourceDependency[SparkResource]
-    # The parsed idem.yaml (catalog, migrations), handed over as a hard-coded resource:
-    # it is no run config a Launchpad could edit.
-    idem_config: dg.ResourceDependency[IdemConfig]
+    # The parsed idem.yaml files of this database by record type (catalog, migrations), handed
+    # over as a hard-coded resource: it is no run config a Launchpad could edit.
+    configs: dg.ResourceDependency[ConfigsByTable]
     skip_failed_migrations: bool = Field(
         default=False,
         description="Default for inputs that do not say: skip (and count) rows whose migration raises "
@@ -232,8 +232,9 @@ class TableIOManager(dg.ConfigurableIOManager):
         from idem_platform.defs.tables import record_type_of, table_name
 
         record_type = record_type_of(context.asset_key) if context.has_asset_key else None
-        if record_type is None or record_type not in self.idem_config.tables:
-            known = ", ".join(sorted(self.idem_config.tables)) or "none"
+        idem_config: IdemConfig | None = self.configs.get(record_type)
+        if record_type is None or idem_config is None:
+            known = ", ".join(self.configs.names()) or "none"
             raise dg.DagsterInvariantViolationError(
                 f"input {context.name!r}: idem_table_io_manager loads idem/<record_type> table assets "
                 f"(record types: {known}), not {context.asset_key.to_user_string() if context.has_asset_key else 'a non-asset input'}"
@@ -248,7 +249,7 @@ class TableIOManager(dg.ConfigurableIOManager):
         check_cluster_reach(self.spark.master, url)
         with secrets_kept():
             read = read_table(
-                self.spark.spark_session, url, self.idem_config, record_type,
+                self.spark.spark_session, url, idem_config, record_type,
                 commit_id=str(commit_id) if commit_id else None,
                 limit=int(limit) if limit is not None else None,
                 skip_failed=skip,

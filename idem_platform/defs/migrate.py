@@ -21,7 +21,7 @@ from pydantic import Field
 
 from idem_platform.config import IdemConfig
 from idem_platform.defs.metadata import to_metadata
-from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.defs.tables import table_key, table_name
 from idem_platform.errors import IdemError
 from idem_platform.migrations import MigrationFailed
@@ -61,21 +61,22 @@ def migrate_metadata(report: dict[str, Any]) -> dict[str, dg.MetadataValue]:
     return to_metadata(flat)
 
 
-def migrate_job(config: IdemConfig) -> dg.JobDefinition:
-    """The ``idem_migrate`` job of ``config``'s tables."""
+def migrate_job(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_KEYS, name: str = JOB_NAME) -> dg.JobDefinition:
+    """The ``idem_migrate`` job of ``config``'s tables (``name``: a component's own, see
+    :func:`~idem_platform.defs.definitions.build_definitions`)."""
     idem_config = config  # the op's own `config` parameter is its run config
 
     @dg.op(
-        name=OP_NAME,
+        name=OP_NAME + name.removeprefix(JOB_NAME),  # op names are unique in a code location too
+        required_resource_keys={resource_keys.postgres, resource_keys.spark},
         description=(
             "Upgrade rows stored at an older schema_version through the migrations, in place: in Spark on the "
             "executors, in batches of one transaction each (resumable, a no-op when run again); dry_run counts "
             "per record type and step."
         ),
     )
-    def migrate_op(
-        context: dg.OpExecutionContext, config: MigrateConfig, postgres: PostgresResource, spark: SparkResource
-    ) -> dg.Output[dict[str, Any]]:
+    def migrate_op(context: dg.OpExecutionContext, config: MigrateConfig) -> dg.Output[dict[str, Any]]:
+        postgres, spark = resource_keys.postgres_of(context), resource_keys.spark_of(context)
         url = postgres.resolved_url
         try:
             with secrets_kept():
@@ -113,7 +114,7 @@ def migrate_job(config: IdemConfig) -> dg.JobDefinition:
         return dg.Output(report, metadata=migrate_metadata(report))
 
     @dg.job(
-        name=JOB_NAME,
+        name=name,
         executor_def=dg.in_process_executor,
         description=(
             "idem migrate from Dagster: run config ops.migrate.config = {types, dry_run, skip_failed, batch_rows}."

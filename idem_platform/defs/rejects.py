@@ -15,7 +15,7 @@ from pydantic import Field
 
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.defs.metadata import to_metadata
-from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.errors import ConfigError
 from idem_platform.pipeline.ingest import check_cluster_reach
 from idem_platform.redact import secrets_kept
@@ -61,13 +61,16 @@ def retry_metadata(summary: dict[str, Any]) -> dict[str, dg.MetadataValue]:
     return to_metadata(flat)
 
 
-def build_retry_job(idem_config: IdemConfig, connector: ConnectorConfig) -> dg.JobDefinition:
-    """The connector's ``<connector>_retry_rejects`` job."""
+def build_retry_job(
+    idem_config: IdemConfig, connector: ConnectorConfig, resource_keys: ResourceKeys = DEFAULT_KEYS
+) -> dg.JobDefinition:
+    """The connector's ``<connector>_retry_rejects`` job (on ``resource_keys``' database)."""
     from idem_platform.pipeline.retry import retry_rejects
 
     @dg.op(
         name=retry_op_name(connector),
         tags={"idem/connector": connector.name},
+        required_resource_keys={resource_keys.postgres, resource_keys.spark},
         description=(
             f"Re-run {connector.name}'s quarantined rejects (idem.rejects not retried yet) through the "
             "current catalog in Spark and commit those that pass, exactly once: their keys are the ones a "
@@ -75,9 +78,8 @@ def build_retry_job(idem_config: IdemConfig, connector: ConnectorConfig) -> dg.J
             "and those that still fail stay quarantined with their new reasons."
         ),
     )
-    def retry(
-        context: dg.OpExecutionContext, config: RetryRejectsConfig, postgres: PostgresResource, spark: SparkResource
-    ) -> dg.Output[dict[str, Any]]:
+    def retry(context: dg.OpExecutionContext, config: RetryRejectsConfig) -> dg.Output[dict[str, Any]]:
+        postgres, spark = resource_keys.postgres_of(context), resource_keys.spark_of(context)
         import uuid
 
         try:
@@ -121,6 +123,8 @@ def build_retry_job(idem_config: IdemConfig, connector: ConnectorConfig) -> dg.J
     return retry_job
 
 
-def rejects_definitions(idem_config: IdemConfig, connector: ConnectorConfig) -> dg.Definitions:
+def rejects_definitions(
+    idem_config: IdemConfig, connector: ConnectorConfig, resource_keys: ResourceKeys = DEFAULT_KEYS
+) -> dg.Definitions:
     """What the quarantine loop adds per connector: its retry job."""
-    return dg.Definitions(jobs=[build_retry_job(idem_config, connector)])
+    return dg.Definitions(jobs=[build_retry_job(idem_config, connector, resource_keys)])

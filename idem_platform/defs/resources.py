@@ -1,6 +1,10 @@
-"""Resources: PostgreSQL (``postgres``) and Spark (``spark``), each owning its I/O.
+"""Resources: PostgreSQL (``idem_postgres``) and Spark (``idem_spark``), each owning its I/O.
 
-``postgres`` takes ``IDEM_POSTGRES_URL`` or starts the embedded server, and
+Every resource key idem uses is named here, once (:class:`ResourceKeys`): they are
+idem's own (``idem_*``), so a project's own ``postgres`` or ``spark`` resources load
+beside them, and a second database gets keys of its own.
+
+``idem_postgres`` takes ``IDEM_POSTGRES_URL`` or starts the embedded server, and
 brings the ``idem`` schema up to date when a run starts (versioned DDL under an
 advisory lock, so concurrent runs are safe). ``spark`` is a lazy
 session resource with idem's defaults: a run whose files are all replays never
@@ -8,9 +12,11 @@ starts a JVM.
 """
 
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import dagster as dg
 import psycopg
@@ -19,6 +25,98 @@ from pydantic import Field, PrivateAttr
 from idem_platform.defs.storage import pool_storage_connections
 from idem_platform.postgres import connect, ensure_schema, resolve_postgres_url
 from idem_platform.redact import remember_url, secrets_kept
+from idem_platform.settings import POSTGRES_URL_ENV
+
+POSTGRES_KEY = "idem_postgres"
+SPARK_KEY = "idem_spark"
+PLAN_IO_MANAGER_KEY = "idem_plan_io_manager"
+WAREHOUSE_IO_MANAGER_KEY = "idem_warehouse_io_manager"
+TABLE_IO_MANAGER_KEY = "idem_table_io_manager"
+
+
+@dataclass(frozen=True)
+class ResourceKeys:
+    """The resource keys of one database's idem resources.
+
+    The database named by ``IDEM_POSTGRES_URL`` (the default) uses the plain keys
+    (``idem_postgres``, ``idem_spark``, ``idem_warehouse_io_manager``,
+    ``idem_table_io_manager``); a database named by another environment variable gets
+    them suffixed with that variable's name (``idem_postgres__team_b_url``), so two
+    components on two databases load in one code location: Dagster allows one resource
+    object per key. The plan IO manager has no settings and is shared by all.
+    """
+
+    suffix: str = ""
+
+    @classmethod
+    def for_env(cls, env_name: str) -> "ResourceKeys":
+        """The keys of the database whose URL is in ``env_name``."""
+        if env_name == POSTGRES_URL_ENV:
+            return cls()
+        return cls("__" + re.sub(r"[^a-z0-9_]", "_", env_name.lower()))
+
+    @property
+    def postgres(self) -> str:
+        return POSTGRES_KEY + self.suffix
+
+    @property
+    def spark(self) -> str:
+        return SPARK_KEY + self.suffix
+
+    @property
+    def plan_io_manager(self) -> str:
+        return PLAN_IO_MANAGER_KEY
+
+    @property
+    def warehouse_io_manager(self) -> str:
+        return WAREHOUSE_IO_MANAGER_KEY + self.suffix
+
+    @property
+    def table_io_manager(self) -> str:
+        return TABLE_IO_MANAGER_KEY + self.suffix
+
+    def named(self, name: str) -> str:
+        """A per-database job or schedule name (``ledger_purge_job__team_b_url``)."""
+        return name + self.suffix
+
+    def postgres_of(self, context: Any) -> "PostgresResource":
+        """This database's ``PostgresResource`` from an op's, asset's, check's or sensor's context
+        (declared in its ``required_resource_keys``)."""
+        return cast(PostgresResource, getattr(context.resources, self.postgres))
+
+    def spark_of(self, context: Any) -> "SparkResource":
+        """This database's ``SparkResource`` from a context (see :meth:`postgres_of`)."""
+        return cast(SparkResource, getattr(context.resources, self.spark))
+
+
+DEFAULT_KEYS = ResourceKeys()
+
+
+class ConfigsByTable:
+    """The configs whose tables live in one database, by record type: what the database's
+    ``idem_table_io_manager`` reads a table asset with (its catalog and migrations).
+
+    One object per database and process, filled as components load, so every component on
+    that database shares one table IO manager (:mod:`idem_platform.defs.shared`).
+    """
+
+    def __init__(self) -> None:
+        self._configs: dict[str, Any] = {}
+
+    def conflicts(self, config: Any) -> bool:
+        """Whether ``config`` declares a record type another config here declares differently."""
+        return any(name in self._configs and self._configs[name] != config for name in config.table_specs)
+
+    def add(self, config: Any) -> None:
+        for name in config.table_specs:
+            self._configs[name] = config
+
+    def get(self, record_type: str | None) -> Any:
+        """The ``IdemConfig`` declaring ``record_type``, else None."""
+        return self._configs.get(record_type) if record_type is not None else None
+
+    def names(self) -> list[str]:
+        return sorted(self._configs)
 
 
 class PostgresResource(dg.ConfigurableResource):

@@ -17,7 +17,7 @@ import dagster as dg
 from pydantic import Field
 
 from idem_platform.config import IdemConfig
-from idem_platform.defs.resources import PostgresResource
+from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.errors import IdemError
 from idem_platform.postgres.retype import DEFAULT_BATCH_ROWS, human_report, promote_column
 
@@ -54,20 +54,23 @@ def promotion_metadata(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def promote_column_job(config: IdemConfig) -> dg.JobDefinition:
-    """The job for ``config``'s record types (their declared columns come from it)."""
+def promote_column_job(
+    config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_KEYS, name: str = JOB_NAME
+) -> dg.JobDefinition:
+    """The job for ``config``'s record types (their declared columns come from it; ``name``: a
+    component's own, see :func:`~idem_platform.defs.definitions.build_definitions`)."""
     specs = config.table_specs
 
     @dg.op(
-        name="promote_column",
+        name="promote_column" + name.removeprefix(JOB_NAME),  # op names are unique in a code location too
+        required_resource_keys={resource_keys.postgres},
         description=(
             "Give an evolved text column a typed companion column (long, real, timestamp, bool) that new commits "
             "fill, and backfill existing rows in batches; values that do not cast stay text (typed null)."
         ),
     )
-    def promote_column_op(
-        context: dg.OpExecutionContext, config: PromoteColumnConfig, postgres: PostgresResource
-    ) -> dg.Output[dict[str, Any]]:
+    def promote_column_op(context: dg.OpExecutionContext, config: PromoteColumnConfig) -> dg.Output[dict[str, Any]]:
+        postgres = resource_keys.postgres_of(context)
         spec = specs.get(config.record_type)
         if spec is None:
             raise dg.Failure(
@@ -88,7 +91,8 @@ def promote_column_job(config: IdemConfig) -> dg.JobDefinition:
         return dg.Output(report, metadata=promotion_metadata(report))
 
     @dg.job(
-        name=JOB_NAME,
+        name=name,
+        executor_def=dg.in_process_executor,
         description=(
             "idem promote from Dagster: run config ops.promote_column.config = "
             "{record_type, column, to, batch_rows}."

@@ -31,11 +31,12 @@ import psycopg
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec
 from idem_platform.defs.connector.names import asset_keys
+from idem_platform.defs.resources import DEFAULT_KEYS, TABLE_IO_MANAGER_KEY, ResourceKeys
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import effective_spec, existing_columns
 
-TABLE_IO_MANAGER = "idem_table_io_manager"
+TABLE_IO_MANAGER = TABLE_IO_MANAGER_KEY  # the default database's (ResourceKeys.table_io_manager)
 TABLE_GROUP = "idem_tables"
 KEY_PREFIX = SCHEMA  # ["idem", <record_type>]: the schema and the table
 RECORD_TYPE_TAG = "idem/record_type"
@@ -153,8 +154,9 @@ def live_schema(spec: TableSpec, columns: Mapping[str, str]) -> dg.TableSchema:
     return dg.TableSchema(columns=out)
 
 
-def table_asset_specs(config: IdemConfig) -> list[dg.AssetSpec]:
-    """One loadable, non-materializable asset per record type a connector writes.
+def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_KEYS) -> list[dg.AssetSpec]:
+    """One loadable, non-materializable asset per record type a connector writes
+    (loaded by ``resource_keys.table_io_manager``).
 
     Raises:
         ConfigError: a connector named ``idem`` and a record type named like one of its
@@ -193,7 +195,7 @@ def table_asset_specs(config: IdemConfig) -> list[dg.AssetSpec]:
                     "dagster/column_schema": declared_schema(spec, meta_column=meta),
                     "schema_version": spec.schema_version,
                 },
-            ).with_io_manager_key(TABLE_IO_MANAGER)
+            ).with_io_manager_key(resource_keys.table_io_manager)
         )
     return specs
 

@@ -63,9 +63,11 @@ def test_definitions_expose_assets_job_sensor_schedule_and_checks(threatfeed: Id
     assert keys == {"threatfeed/ingest", "threatfeed/coerced", "threatfeed/committed", "idem/indicator", "idem/malware", "idem/threat-actor"}
     assert {check.name for check in graph.asset_check_keys} == {"pandera_contract", "commit_consistency", "reject_ratio"}
     assert defs.resolve_job_def("threatfeed_ingest").executor_def is dg.in_process_executor
-    # The UI's "Materialize" and backfills run the implicit asset job: one process for it too.
+    # idem's jobs carry their executor; the code location's (the implicit asset job's: the UI's
+    # "Materialize", backfills) stays Dagster's default, for a project's own assets.
+    assert all(job.executor_def is dg.in_process_executor for job in defs.resolve_all_job_defs() if not job.name.startswith("__"))
     implicit = defs.resolve_implicit_job_def_def_for_assets([dg.AssetKey(["threatfeed", "committed"])])
-    assert implicit is not None and implicit.executor_def is dg.in_process_executor
+    assert implicit is not None and implicit.executor_def is dg.multi_or_in_process_executor
     assert defs.resolve_sensor_def("threatfeed_filedrop_sensor").job_name == "threatfeed_ingest"
     assert defs.resolve_schedule_def("ledger_purge_hourly").cron_schedule == "0 * * * *"
     # Before any run the UI shows what committed writes: the tables and their declared columns.

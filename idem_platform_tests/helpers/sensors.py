@@ -29,12 +29,12 @@ class SensorTicker:
     def tick(self) -> dg.SensorResult:
         """One evaluation, as the daemon makes it: the cursor carried, the partitions it asks for added."""
         dg = self._dg
-        from idem_platform.defs.resources import PostgresResource
+        from idem_platform.defs.resources import POSTGRES_KEY, PostgresResource
 
         context = dg.build_sensor_context(
             instance=self.instance,
             cursor=self.cursor,
-            resources={"postgres": PostgresResource(url=self.pg_url)},
+            resources={POSTGRES_KEY: PostgresResource(url=self.pg_url)},
             definitions=self.defs,
         )
         result = self.sensor(context)

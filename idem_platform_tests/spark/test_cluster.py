@@ -234,7 +234,7 @@ with dg.instance_for_test() as instance:
         run_config={
             "ops": {"threatfeed__ingest": {"config": {"files": [path]}}},
             # What a user types in the Launchpad: the spark resource's own config.
-            "resources": {"spark": {"config": {"spark_config": spark_config}}},
+            "resources": {"idem_spark": {"config": {"spark_config": spark_config}}},
         },
     )
     (event,) = [m for m in result.asset_materializations_for_node("threatfeed__committed") if m.asset_key.path[-1] == "committed"]

@@ -12,13 +12,11 @@ from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.defs.connector.commit import committed_result, run_commit
 from idem_platform.defs.connector.names import asset_keys, group_of
 from idem_platform.defs.metadata import to_metadata
-from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.defs.tables import declared_schema
 from idem_platform.pipeline.ingest import CoercedBatch, current_tables
 from idem_platform.write.batch import SourceBatch
 
-PLAN_IO_MANAGER = "spark_plan_io_manager"
-WAREHOUSE_IO_MANAGER = "warehouse_io_manager"
 
 
 def table_definitions(idem_config: IdemConfig, connector: ConnectorConfig) -> dict[str, dg.MetadataValue]:
@@ -44,7 +42,10 @@ def single_run_policy(partitions: dg.PartitionsDefinition | None) -> dg.Backfill
 
 
 def build_commit_assets(
-    idem_config: IdemConfig, connector: ConnectorConfig, partitions: dg.PartitionsDefinition | None
+    idem_config: IdemConfig,
+    connector: ConnectorConfig,
+    partitions: dg.PartitionsDefinition | None,
+    resource_keys: ResourceKeys = DEFAULT_KEYS,
 ) -> list[dg.AssetsDefinition]:
     """``coerced`` and ``committed`` downstream of the connector's ``ingest``."""
     ingest_key, coerced_key, committed_key = asset_keys(connector)
@@ -57,7 +58,8 @@ def build_commit_assets(
         ins={"ingest": dg.AssetIn(ingest_key)},
         partitions_def=partitions,
         backfill_policy=single_run_policy(partitions),
-        io_manager_key=PLAN_IO_MANAGER,
+        io_manager_key=resource_keys.plan_io_manager,
+        required_resource_keys={resource_keys.postgres},
         group_name=group,
         kinds={"spark", "python"},
         tags=tags,
@@ -69,8 +71,8 @@ def build_commit_assets(
             "record key. Lazy, like ingest. Idempotent."
         ),
     )
-    def coerced(context: dg.AssetExecutionContext, ingest: SourceBatch, postgres: PostgresResource) -> dg.Output[CoercedBatch]:
-        tables = current_tables(postgres.resolved_url, idem_config, connector)
+    def coerced(context: dg.AssetExecutionContext, ingest: SourceBatch) -> dg.Output[CoercedBatch]:
+        tables = current_tables(resource_keys.postgres_of(context).resolved_url, idem_config, connector)
         value = CoercedBatch(ingest, connector, tables)
         return dg.Output(value, metadata=to_metadata(value.metadata()))
 
@@ -87,7 +89,8 @@ def build_commit_assets(
         ins={"coerced": dg.AssetIn(coerced_key)},
         partitions_def=partitions,
         backfill_policy=single_run_policy(partitions),
-        io_manager_key=WAREHOUSE_IO_MANAGER,
+        io_manager_key=resource_keys.warehouse_io_manager,
+        required_resource_keys={resource_keys.postgres, resource_keys.spark},
         group_name=group,
         kinds={"postgres"},
         tags=tags,
@@ -98,10 +101,9 @@ def build_commit_assets(
             f"and the ledger. {replay}"
         ),
     )
-    def committed(
-        context: dg.AssetExecutionContext, coerced: CoercedBatch, postgres: PostgresResource, spark: SparkResource
-    ) -> dg.MaterializeResult:
-        summary = run_commit(context, coerced, postgres, spark)
+    def committed(context: dg.AssetExecutionContext, coerced: CoercedBatch) -> dg.MaterializeResult:
+        postgres = resource_keys.postgres_of(context)
+        summary = run_commit(context, coerced, postgres, resource_keys.spark_of(context))
         return committed_result(context, coerced, summary, postgres)
 
     return [coerced, committed]

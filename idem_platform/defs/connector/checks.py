@@ -14,7 +14,7 @@ from dagster import PreviewWarning
 
 from idem_platform.config import ConnectorConfig
 from idem_platform.contract.catalog import TableSpec
-from idem_platform.defs.resources import PostgresResource
+from idem_platform.defs.resources import DEFAULT_KEYS, PostgresResource, ResourceKeys
 from idem_platform.defs.summary import (
     REJECT_SAMPLE,
     reject_ratio,
@@ -100,6 +100,7 @@ def build_checks(
     coerced_key: dg.AssetKey,
     committed_key: dg.AssetKey,
     partitions: dg.PartitionsDefinition | None = None,
+    resource_keys: ResourceKeys = DEFAULT_KEYS,
 ) -> list[dg.AssetChecksDefinition]:
     """The connector's asset checks, partitioned like its assets: each dropped file has its
     own results, and one file's warning is never replaced by the next file's pass.
@@ -109,7 +110,7 @@ def build_checks(
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=PreviewWarning)
-        return _build_checks(connector, coerced_key, committed_key, partitions)
+        return _build_checks(connector, coerced_key, committed_key, partitions, resource_keys)
 
 
 def _build_checks(
@@ -117,12 +118,13 @@ def _build_checks(
     coerced_key: dg.AssetKey,
     committed_key: dg.AssetKey,
     partitions: dg.PartitionsDefinition | None,
+    resource_keys: ResourceKeys,
 ) -> list[dg.AssetChecksDefinition]:
     """One builder per check, so each reads on its own; the list keeps the order Dagster has always shown."""
     return [
         _pandera_contract_check(coerced_key, partitions),
-        _commit_consistency_check(committed_key, partitions),
-        _reject_ratio_check(connector, committed_key, partitions),
+        _commit_consistency_check(committed_key, partitions, resource_keys),
+        _reject_ratio_check(connector, committed_key, partitions, resource_keys),
     ]
 
 
@@ -183,6 +185,7 @@ def _partition_check(
     description: str,
     severity: dg.AssetCheckSeverity,
     judge: Callable[[PostgresResource, dict[str, Any] | None], CheckOutcome],
+    resource_keys: ResourceKeys,
 ) -> dg.AssetChecksDefinition:
     """A check on ``committed`` evaluated for each partition the run covered.
 
@@ -199,11 +202,11 @@ def _partition_check(
     spec = dg.AssetCheckSpec(name, asset=committed_key, partitions_def=partitions, description=description)
 
     @dg.multi_asset_check(
-        specs=[spec], can_subset=True, name=f"{committed_key.to_python_identifier()}_{name}", description=description
+        specs=[spec], can_subset=True, name=f"{committed_key.to_python_identifier()}_{name}", description=description,
+        required_resource_keys={resource_keys.postgres},
     )
-    def partition_check(
-        context: dg.AssetCheckExecutionContext, postgres: PostgresResource
-    ) -> Iterator[dg.AssetCheckResult | dg.AssetCheckEvaluation]:
+    def partition_check(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult | dg.AssetCheckEvaluation]:
+        postgres = resource_keys.postgres_of(context)
         if context.has_partition_key or not context.has_partition_key_range:
             passed, metadata = judge(postgres, _latest_summary(context, committed_key))
             yield dg.AssetCheckResult(passed=passed, severity=severity, metadata=metadata)
@@ -219,7 +222,7 @@ def _partition_check(
 
 
 def _commit_consistency_check(
-    committed_key: dg.AssetKey, partitions: dg.PartitionsDefinition | None
+    committed_key: dg.AssetKey, partitions: dg.PartitionsDefinition | None, resource_keys: ResourceKeys
 ) -> dg.AssetChecksDefinition:
     """``commit_consistency`` on ``committed``: proof from PostgreSQL itself that the partition's
     last commit is whole (the rows and rejects it claims are there, keys are unique)."""
@@ -230,6 +233,7 @@ def _commit_consistency_check(
         "rejects are recorded.",
         dg.AssetCheckSeverity.ERROR,
         _judge_consistency,
+        resource_keys,
     )
 
 
@@ -281,7 +285,10 @@ def _unique_key_index(conn: psycopg.Connection, record_type: str) -> bool:
 
 
 def _reject_ratio_check(
-    connector: ConnectorConfig, committed_key: dg.AssetKey, partitions: dg.PartitionsDefinition | None
+    connector: ConnectorConfig,
+    committed_key: dg.AssetKey,
+    partitions: dg.PartitionsDefinition | None,
+    resource_keys: ResourceKeys,
 ) -> dg.AssetChecksDefinition:
     """``reject_ratio`` on ``committed``: a warning (never a failure) when a commit rejected more
     than 1% of its records, with a sample of the rejects so the cause is one click away."""
@@ -291,6 +298,7 @@ def _reject_ratio_check(
         f"of a batch: of that file's lines); the batch fails outright above max_reject_ratio={connector.max_reject_ratio}.",
         dg.AssetCheckSeverity.WARN,
         _judge_reject_ratio,
+        resource_keys,
     )
 
 

@@ -16,15 +16,11 @@ from dagster import BetaWarning
 from pydantic import Field
 
 from idem_platform.config import FileConnector, IdemConfig
-from idem_platform.defs.connector.assets import (
-    PLAN_IO_MANAGER,
-    build_commit_assets,
-    single_run_policy,
-)
+from idem_platform.defs.connector.assets import build_commit_assets, single_run_policy
 from idem_platform.defs.connector.names import asset_keys, group_of
 from idem_platform.defs.filedrop.partitions import path_for_partition
 from idem_platform.defs.metadata import to_metadata
-from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.pipeline.ingest import check_cluster_reach, plan_batch, prepare_tables
 from idem_platform.redact import secrets_kept
 from idem_platform.sources.filedrop.scan import named_file_refusal, refused_text
@@ -109,15 +105,19 @@ def build_filedrop_assets(
     partitions: dg.DynamicPartitionsDefinition,
     *,
     files_outside_drop_dir: bool = False,
+    resource_keys: ResourceKeys = DEFAULT_KEYS,
 ) -> list[dg.AssetsDefinition]:
-    """The asset factory: three assets per file-drop connector (``files_outside_drop_dir``: see :func:`files_to_read`).
+    """The asset factory: three assets per file-drop connector (``files_outside_drop_dir``: see :func:`files_to_read`;
+    ``resource_keys``: the resources of the connector's database).
 
     Dagster 1.13 marks ``backfill_policy`` as beta (a ``BetaWarning`` at definition); the
     warning is silenced here, where the choice (one run for a range of files) was made.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=BetaWarning)
-        return _build_filedrop_assets(idem_config, connector, partitions, files_outside_drop_dir=files_outside_drop_dir)
+        return _build_filedrop_assets(
+            idem_config, connector, partitions, files_outside_drop_dir=files_outside_drop_dir, resource_keys=resource_keys
+        )
 
 
 def _build_filedrop_assets(
@@ -126,6 +126,7 @@ def _build_filedrop_assets(
     partitions: dg.DynamicPartitionsDefinition,
     *,
     files_outside_drop_dir: bool,
+    resource_keys: ResourceKeys,
 ) -> list[dg.AssetsDefinition]:
     ingest_key, _, _ = asset_keys(connector)
     shown = idem_config.shown(connector.path)
@@ -134,7 +135,8 @@ def _build_filedrop_assets(
         key=ingest_key,
         partitions_def=partitions,
         backfill_policy=single_run_policy(partitions),
-        io_manager_key=PLAN_IO_MANAGER,
+        io_manager_key=resource_keys.plan_io_manager,
+        required_resource_keys={resource_keys.postgres, resource_keys.spark},
         group_name=group_of(connector),
         kinds={"spark", "file"},
         tags={"idem/connector": connector.name},
@@ -146,9 +148,8 @@ def _build_filedrop_assets(
             "Spark executors, split by split, when the batch is committed. Idempotent."
         ),
     )
-    def ingest(
-        context: dg.AssetExecutionContext, config: IngestConfig, postgres: PostgresResource, spark: SparkResource
-    ) -> dg.Output[SourceBatch]:
+    def ingest(context: dg.AssetExecutionContext, config: IngestConfig) -> dg.Output[SourceBatch]:
+        postgres, spark = resource_keys.postgres_of(context), resource_keys.spark_of(context)
         keys = context.partition_keys if context.has_partition_key or context.has_partition_key_range else []
         paths = files_to_read(connector, config.files, keys, shown, files_outside_drop_dir=files_outside_drop_dir)
         with secrets_kept():
@@ -161,4 +162,4 @@ def _build_filedrop_assets(
         )
         return dg.Output(batch, metadata=to_metadata(batch.metadata()))
 
-    return [ingest, *build_commit_assets(idem_config, connector, partitions)]
+    return [ingest, *build_commit_assets(idem_config, connector, partitions, resource_keys)]

@@ -57,7 +57,7 @@ from idem_platform.defs.filedrop.decisions import (
     solo_run_key,
 )
 from idem_platform.defs.filedrop.settling import Cursor, settled_files
-from idem_platform.defs.resources import PostgresResource
+from idem_platform.defs.resources import DEFAULT_KEYS, PostgresResource, ResourceKeys
 from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.pipeline.commit import owner_alive
 from idem_platform.postgres.schema import SCHEMA
@@ -143,8 +143,10 @@ def build_filedrop_sensor(
     partitions: dg.DynamicPartitionsDefinition,
     ingest_op: str,
     shown_path: str | None = None,
+    resource_keys: ResourceKeys = DEFAULT_KEYS,
 ) -> dg.SensorDefinition:
-    """The sensor of one file-drop connector (``shown_path``: its directory as the config names it)."""
+    """The sensor of one file-drop connector (``shown_path``: its directory as the config names it;
+    ``resource_keys``: whose ``idem_postgres`` holds its ledger)."""
     if connector.path is None:
         raise ValueError(f"connector {connector.name!r} has no drop directory")
     directory = Path(connector.path)
@@ -155,6 +157,7 @@ def build_filedrop_sensor(
         job=job,
         minimum_interval_seconds=connector.sensor_interval,
         default_status=dg.DefaultSensorStatus.RUNNING,
+        required_resource_keys={resource_keys.postgres},
         description=(
             f"Watches {shown_path or directory} for settled files (unchanged across two looks, or landed whole "
             "by idem serve; dotfiles and "
@@ -164,7 +167,10 @@ def build_filedrop_sensor(
             "file per run. Run keys carry the attempt number, so failed files are retried."
         ),
     )
-    def filedrop_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource) -> dg.SensorResult:
+    def filedrop_sensor(context: dg.SensorEvaluationContext, **_resources: Any) -> dg.SensorResult:
+        # A sensor called directly (a test's build_sensor_context) is handed its required
+        # resources as keyword arguments; the daemon hands none. Both read the context's.
+        postgres = resource_keys.postgres_of(context)
         try:
             directory.mkdir(parents=True, exist_ok=True)  # a new connector's drop directory exists from its first tick
         except OSError as exc:

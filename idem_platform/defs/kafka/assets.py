@@ -9,13 +9,10 @@ import dagster as dg
 from pydantic import Field
 
 from idem_platform.config import IdemConfig, KafkaConnector
-from idem_platform.defs.connector.assets import (
-    PLAN_IO_MANAGER,
-    build_commit_assets,
-)
+from idem_platform.defs.connector.assets import build_commit_assets
 from idem_platform.defs.connector.names import asset_keys, group_of
 from idem_platform.defs.metadata import to_metadata
-from idem_platform.defs.resources import PostgresResource, SparkResource
+from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.pipeline.ingest import check_cluster_reach, plan_batch, prepare_tables
 from idem_platform.redact import secrets_kept
 from idem_platform.sources.kafka.ranges import RangeRequest
@@ -41,14 +38,17 @@ class KafkaIngestConfig(dg.Config):
     )
 
 
-def build_kafka_assets(idem_config: IdemConfig, connector: KafkaConnector) -> list[dg.AssetsDefinition]:
-    """The asset factory: three assets per Kafka connector."""
+def build_kafka_assets(
+    idem_config: IdemConfig, connector: KafkaConnector, resource_keys: ResourceKeys = DEFAULT_KEYS
+) -> list[dg.AssetsDefinition]:
+    """The asset factory: three assets per Kafka connector (``resource_keys``: its database's resources)."""
     ingest_key, _, _ = asset_keys(connector)
     topics = ", ".join(connector.topics or [])
 
     @dg.asset(
         key=ingest_key,
-        io_manager_key=PLAN_IO_MANAGER,
+        io_manager_key=resource_keys.plan_io_manager,
+        required_resource_keys={resource_keys.postgres, resource_keys.spark},
         group_name=group_of(connector),
         kinds={"spark", "kafka"},
         tags={"idem/connector": connector.name},
@@ -60,9 +60,8 @@ def build_kafka_assets(idem_config: IdemConfig, connector: KafkaConnector) -> li
             "committed. Idempotent."
         ),
     )
-    def ingest(
-        context: dg.AssetExecutionContext, config: KafkaIngestConfig, postgres: PostgresResource, spark: SparkResource
-    ) -> dg.Output[SourceBatch]:
+    def ingest(context: dg.AssetExecutionContext, config: KafkaIngestConfig) -> dg.Output[SourceBatch]:
+        postgres, spark = resource_keys.postgres_of(context), resource_keys.spark_of(context)
         requests = [RangeRequest(r.topic, r.partition, r.start, r.end) for r in config.ranges] or None
         with secrets_kept():  # neither the URL's password nor client_config's secrets in the run log
             check_cluster_reach(spark.master, postgres.resolved_url)  # fail at start, not at commit
@@ -75,4 +74,4 @@ def build_kafka_assets(idem_config: IdemConfig, connector: KafkaConnector) -> li
         )
         return dg.Output(batch, metadata=to_metadata(batch.metadata()))
 
-    return [ingest, *build_commit_assets(idem_config, connector, None)]
+    return [ingest, *build_commit_assets(idem_config, connector, None, resource_keys)]

@@ -19,7 +19,7 @@ from typing import Any
 import dagster as dg
 
 from idem_platform.config import KafkaConnector
-from idem_platform.defs.resources import PostgresResource
+from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.errors import KafkaError
 from idem_platform.ledger import Ledger
 from idem_platform.pipeline.commit import owner_alive
@@ -38,8 +38,10 @@ ACTIVE_STATUSES = [
 ]
 
 
-def build_kafka_sensor(connector: KafkaConnector, job: Any, ingest_op: str) -> dg.SensorDefinition:
-    """The sensor of one Kafka connector."""
+def build_kafka_sensor(
+    connector: KafkaConnector, job: Any, ingest_op: str, resource_keys: ResourceKeys = DEFAULT_KEYS
+) -> dg.SensorDefinition:
+    """The sensor of one Kafka connector (``resource_keys``: whose ``idem_postgres`` holds its offsets)."""
     name = connector.name.replace("-", "_")
 
     @dg.sensor(
@@ -47,6 +49,7 @@ def build_kafka_sensor(connector: KafkaConnector, job: Any, ingest_op: str) -> d
         job=job,
         minimum_interval_seconds=connector.sensor_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
+        required_resource_keys={resource_keys.postgres},
         description=(
             f"Compares the offsets committed in idem.source_offsets with the end of every partition of "
             f"{', '.join(connector.topics or [])} and requests one run for the lag, with explicit offset "
@@ -54,7 +57,9 @@ def build_kafka_sensor(connector: KafkaConnector, job: Any, ingest_op: str) -> d
             "key; nothing is requested while a run of the connector is in flight or the brokers are down."
         ),
     )
-    def kafka_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource) -> dg.SensorResult | dg.SkipReason:
+    def kafka_sensor(context: dg.SensorEvaluationContext, **_resources: Any) -> dg.SensorResult | dg.SkipReason:
+        # Called directly, a sensor is handed its required resources as keyword arguments.
+        postgres = resource_keys.postgres_of(context)
         active = context.instance.get_runs(filters=dg.RunsFilter(job_name=job.name, statuses=ACTIVE_STATUSES), limit=1)
         if active:
             return dg.SkipReason(f"run {active[0].run_id} of {job.name} is in flight; the next run starts where it commits")
