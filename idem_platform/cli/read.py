@@ -1,14 +1,16 @@
 """``idem read``: a record type's rows as NDJSON, in the current shape.
 
-The read runs in Spark (rows stored at an older ``schema_version`` go through the
-migrations, the read path the IO manager uses): PySpark is imported when the command
-runs, so ``idem --help`` stays fast.
+Rows stored at an older ``schema_version`` go through the migrations in Spark (the read
+path the IO manager uses; PySpark is imported only then, so ``idem --help`` stays fast).
+A read whose rows are all current needs no migration: it is rendered in this process by
+the executors' own code, from PostgreSQL straight to stdout, with no Spark to start.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -42,25 +44,49 @@ def read(record_type: str, commit: str | None, limit: int | None, skip_failed_mi
     way. Last, on stderr, one JSON line: the rows printed, and, when some rows were
     stored at an older version or skipped, the rows per stored version.
     """
-    from idem_platform.read.table import read_lines, read_table, rows_summary
-    from idem_platform.spark.session import build_session, spark_config_for
+    from idem_platform.read.planner import plan_read
 
     config = load_config(invocation().config)
     known_record_type(config, record_type)
     config.chains()  # a broken chain is a one-line error before Spark starts
     url = prepare_environment()
-    check_cluster_reach(config.spark_master(), url)
-    spark = build_session(spark_config_for(config.spark_master(), dict(config.spark.conf)))
     skip = skip_failed_migrations
-    rows = read_table(spark, url, config, record_type, commit_id=commit, limit=limit, skip_failed=skip, ordered=True)
+    plan, counts = plan_read(url, config, record_type, commit_id=commit, limit=limit, ordered=True)
+    if all(version == plan.current_version for version in counts):
+        from idem_platform.read.render import lines_in_process
+        from idem_platform.read.upgrade import KEEP, RAISE
+
+        # Nothing to migrate: rendered here (the executors' own code), no Spark to start.
+        lines = lines_in_process(plan, KEEP if skip else RAISE)
+        current_version, old_rows = plan.current_version, 0
+    else:
+        lines, current_version, counts = spark_lines(config, url, record_type, commit, limit, skip)
+        old_rows = sum(n for version, n in counts.items() if version != current_version)
     count = skipped = 0
-    for line in read_lines(rows, skip_failed=skip):
+    for line in lines:
         if line is None:
             skipped += 1
             continue
         sys.stdout.write(line + "\n")
         count += 1
     summary: dict[str, Any] = {"record_type": record_type, "rows": count}
-    if rows.old_rows or skip:
-        summary |= rows_summary(rows) | ({"skipped": skipped} if skip else {})
+    if old_rows or skip:
+        summary |= {
+            "current_version": current_version,
+            "rows_by_version": {str(version): n for version, n in sorted(counts.items())},
+        } | ({"skipped": skipped} if skip else {})
     sys.stderr.write(json.dumps(summary) + "\n")
+
+
+def spark_lines(
+    config: IdemConfig, url: str, record_type: str, commit: str | None, limit: int | None, skip: bool
+) -> tuple[Iterator[str | None], int, dict[int, int]]:
+    """A read with old rows, in Spark (their migrations run on the executors): its lines, the
+    current version and the rows per stored version."""
+    from idem_platform.read.table import read_lines, read_table
+    from idem_platform.spark.session import build_session, spark_config_for
+
+    check_cluster_reach(config.spark_master(), url)
+    spark = build_session(spark_config_for(config.spark_master(), dict(config.spark.conf)))
+    rows = read_table(spark, url, config, record_type, commit_id=commit, limit=limit, skip_failed=skip, ordered=True)
+    return read_lines(rows, skip_failed=skip), rows.current_version, rows.rows_by_version

@@ -31,6 +31,9 @@ leave the pool (:func:`_check_alive`), so a dead one is replaced instead of fail
 next event Dagster stores. Without it the first write after the loss raised Dagster's
 storage error in place of the run's own failure (the step's error was never recorded).
 
+The figures this serves: a many-file batch's run (above), and a small ``idem ingest``
+(without the pooled storages a 5-line file's median wall time was 12 % longer).
+
 The module imports nothing of idem's core: the daemon and the webserver load it.
 """
 

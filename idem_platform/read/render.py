@@ -11,6 +11,7 @@ in the frame's column order, and ``_schema_version`` is the current version.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from idem_platform.read.plan import ERROR_COLUMN, ReadPlan
+from idem_platform.read.upgrade import RAISE, upgraded_partition
 
 # What the data source yields when asked to render (:func:`render_batch`): the line, why the
 # row's migration failed (keep mode), and the columns `idem read` orders by.
@@ -82,3 +84,32 @@ def render_batch(batch: pa.RecordBatch, plan: ReadPlan) -> pa.RecordBatch:
         [pa.array(lines, pa.string()), errors, batch.column("_ingested_at"), batch.column("_idempotency_key")],
         names=["line", "error", "_ingested_at", "_idempotency_key"],
     )
+
+
+def rendered_partition(plan: ReadPlan, index: int, mode: str = RAISE) -> Iterator[pa.RecordBatch]:
+    """Partition ``index`` of the plan as ``idem read``'s lines (:func:`render_batch`): what the
+    ``idem_table`` source yields on an executor when asked to render."""
+    for batch in upgraded_partition(plan, index, mode):
+        yield render_batch(batch, plan)
+
+
+def lines_in_process(plan: ReadPlan, mode: str = RAISE) -> Iterator[str | None]:
+    """``idem read``'s lines of a plan whose rows are all current, rendered here, without Spark.
+
+    The same code the executors run (:func:`rendered_partition`), partition after partition
+    in order, so the lines are byte for byte those of the Spark read
+    (``idem_platform_tests/read/test_read_types.py`` compares both). A Spark session costs
+    a small read most of its time (see ``docs/operations.md``), and rows at the current
+    version need no migration, so nothing here needs an executor. A row that is older
+    all the same (written by a process with an older config since the plan counted) is
+    upgraded like on an executor; ``None`` for a row whose upgrade failed (``keep``).
+    """
+    for index in plan.indexes():
+        for batch in rendered_partition(plan, index, mode):
+            errors = batch.column("error")
+            lines = batch.column("line").to_pylist()
+            if errors.null_count == len(errors):
+                yield from lines
+                continue
+            for line, error in zip(lines, errors.to_pylist(), strict=True):
+                yield None if error is not None else line

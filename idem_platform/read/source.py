@@ -72,21 +72,16 @@ class TableReader(DataSourceReader):
         return self._read(partition.index)
 
     def _read(self, index: int) -> Iterator[pa.RecordBatch]:
-        from idem_platform.read.decode import read_rows
-        from idem_platform.read.upgrade import upgrade_batch
+        from idem_platform.read.render import rendered_partition
+        from idem_platform.read.upgrade import upgraded_partition
 
-        plan_schema = self.plan.arrow_schema()
-        for batch in read_rows(self.plan, index, plan_schema):
-            upgraded = upgrade_batch(batch, self.plan, self.mode)
-            if upgraded.num_rows and self.render:  # in the same pass: no second trip through Python
-                from idem_platform.read.render import render_batch
-
-                upgraded = render_batch(upgraded, self.plan)
-            if upgraded.num_rows:
-                yield pa.RecordBatch.from_arrays(
-                    [column.cast(field.type) for column, field in zip(upgraded.columns, self.schema, strict=True)],
-                    schema=self.schema,
-                )
+        # Rendered in the same pass: no second trip through Python.
+        batches = (rendered_partition if self.render else upgraded_partition)(self.plan, index, self.mode)
+        for batch in batches:
+            yield pa.RecordBatch.from_arrays(
+                [column.cast(field.type) for column, field in zip(batch.columns, self.schema, strict=True)],
+                schema=self.schema,
+            )
 
 
 class TableSource(DataSource):

@@ -245,10 +245,3 @@ def _partitions_in_order(spark: SparkSession, plan: ReadPlan, mode: str) -> Iter
             for future in pending:
                 future.cancel()
 
-
-def rows_summary(read: TableRead) -> dict[str, Any]:
-    """What ``idem read`` reports of the versions it read (JSON-ready)."""
-    return {
-        "current_version": read.current_version,
-        "rows_by_version": {str(version): count for version, count in sorted(read.rows_by_version.items())},
-    }

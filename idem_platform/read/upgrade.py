@@ -25,6 +25,7 @@ with ``skip``, it is left out; with ``keep``, it stays with its reason in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import repeat
 from typing import Any
 
@@ -62,6 +63,17 @@ def json_text(value: Any) -> str:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
     except TypeError:  # an integer past 64 bits
         return canonical_value_bytes(value).decode("utf-8")
+
+
+def upgraded_partition(plan: ReadPlan, index: int, mode: str = RAISE) -> Iterator[pa.RecordBatch]:
+    """Partition ``index`` of the plan in the current shape: its non-empty batches, old rows
+    upgraded (:func:`upgrade_batch`). What the ``idem_table`` source yields on an executor."""
+    from idem_platform.read.decode import read_rows
+
+    for batch in read_rows(plan, index, plan.arrow_schema()):
+        upgraded = upgrade_batch(batch, plan, mode)
+        if upgraded.num_rows:
+            yield upgraded
 
 
 def upgrade_batch(batch: pa.RecordBatch, plan: ReadPlan, mode: str = RAISE) -> pa.RecordBatch:
