@@ -34,6 +34,7 @@ from idem_platform_tests.helpers.config import example_text, write_config
 from idem_platform_tests.helpers.database import reset_database
 from idem_platform_tests.helpers.paths import REPO
 from idem_platform_tests.helpers.sensors import SensorTicker
+from idem_platform_tests.helpers.webserver import webserver
 
 SENSOR = "threatfeed_filedrop_sensor"
 JOB = "threatfeed_ingest"
@@ -268,6 +269,55 @@ def test_a_batch_run_gives_each_file_s_partition_its_own_figures_and_check_evalu
         ("reject_ratio", "c.ndjson"): False, ("reject_ratio", "d.ndjson"): False,
         ("pandera_contract", None): True,
     }
+    assert_seen_through_graphql(instance, tmp_path, config, pg_url, paths)
+
+
+MATERIALIZATIONS = """
+query Materializations($key: AssetKeyInput!, $partitions: [String!]) {
+  assetOrError(assetKey: $key) { ... on Asset { assetMaterializations(partitions: $partitions) {
+    partition metadataEntries { label ... on IntMetadataEntry { intValue } } } } }
+  assetNodeOrError(assetKey: $key) { ... on AssetNode { partitionStats { numMaterialized } } }
+}
+"""
+CHECK_EXECUTIONS = """
+query Checks($key: AssetKeyInput!, $check: String!, $partition: String) {
+  assetCheckExecutions(assetKey: $key, checkName: $check, partition: $partition, limit: 10) {
+    partition status evaluation { success partition } }
+}
+"""
+
+
+def assert_seen_through_graphql(
+    instance: dg.DagsterInstance, tmp_path: Path, config: IdemConfig, pg_url: str, paths: list[Path]
+) -> None:
+    """What the UI shows (a real webserver's GraphQL API on the same instance, the test's
+    Definitions as its code location): each file's partition has its own figures, equal to
+    what PostgreSQL holds for the file, and its own evaluation of each check."""
+    assert config.source is not None
+    key = {"path": COMMITTED.path}
+    with webserver(Path(instance.root_directory), tmp_path, config.source, pg_url) as api:
+        data = api.query(MATERIALIZATIONS, {"key": key, "partitions": [p.name for p in paths]})
+        assert data["assetNodeOrError"]["partitionStats"]["numMaterialized"] == 5  # 0.ndjson and the batch's 4
+        shown = {
+            event["partition"]: {e["label"]: e.get("intValue") for e in event["metadataEntries"]}
+            for event in data["assetOrError"]["assetMaterializations"]
+        }
+        for path in paths:
+            rows, rejects = file_held(pg_url, path)
+            figures = shown[path.name]
+            assert (figures["rows_written"], figures["rows_rejected"]) == (rows, rejects)
+            assert figures["dagster/row_count"] == rows and figures["rows_skipped"] == BATCH_FIGURES[path.name][2]
+        for check in ("commit_consistency", "reject_ratio"):
+            for path in paths:
+                (execution,) = api.query(
+                    CHECK_EXECUTIONS, {"key": key, "check": check, "partition": path.name}
+                )["assetCheckExecutions"]
+                passed = check == "commit_consistency" or path.name == "a.ndjson"
+                assert execution["partition"] == execution["evaluation"]["partition"] == path.name
+                assert execution["evaluation"]["success"] is passed
+                assert execution["status"] == ("SUCCEEDED" if passed else "FAILED")
+            unpartitioned = api.query(CHECK_EXECUTIONS, {"key": key, "check": check, "partition": ""})
+            assert unpartitioned["assetCheckExecutions"] == []  # no evaluation without its partition
 
 
 def test_batches_are_bounded_by_count_and_bytes(tmp_path: Path, pg_url: str, instance: dg.DagsterInstance) -> None:
