@@ -43,7 +43,7 @@ from idem_platform.postgres.connection import connect
 from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.redact import masked, remember_url, scrub
 from idem_platform.write.apply.claim import ClaimLost, claim_taken
-from idem_platform.write.apply.result import record_replay
+from idem_platform.write.apply.result import own_counts, record_replay
 from idem_platform.write.apply.transaction import ApplyTransaction
 from idem_platform.write.batch import SourceBatch
 from idem_platform.write.plan import CommitPlan
@@ -299,9 +299,10 @@ def _plan(request: CommitRequest, batch: SourceBatch, commit_id: str, tables: di
 def replayed_records(batch: SourceBatch) -> int:
     """Records of the batch's already-committed units, counted as replay skips.
 
-    An earlier commit that covered exactly some of these units gives its own
-    counts (blank lines excluded, as when it ran); a unit committed together
-    with units outside this batch counts its planned records.
+    A unit whose ledger row keeps its own counts gives them (blank lines excluded, as
+    when it ran); else an earlier commit that covered exactly some of these units gives
+    its counts; a unit committed together with units outside this batch counts its
+    planned records.
     """
     if not batch.replayed or not batch.pending:
         return 0  # a fully replayed batch counts its priors in record_replay
@@ -313,6 +314,10 @@ def replayed_records(batch: SourceBatch) -> int:
     for units in by_commit.values():
         prior = batch.priors.get(units[0].key) or {}
         keys = {u.key for u in units}
+        owns = [own_counts(batch.priors.get(key) or {}, key) for key in sorted(keys)]
+        if all(own is not None for own in owns):  # each ledger row keeps its own unit's counts
+            total += sum(sum(own) for own in owns if own is not None)
+            continue
         if "commit_keys" in prior:  # the ledger keeps its own sources and how many keys the commit had
             exact = len(keys) >= int(prior["commit_keys"])
         else:  # a row written before that: the commit's whole list of sources

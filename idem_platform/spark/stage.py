@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from idem_platform.coercion.records import DirectRows, RepeatedLines, coerce_batch
 from idem_platform.errors import TransientError
@@ -66,10 +67,12 @@ def stage_slice(indexes: Iterable[int], url: str, plan: CommitPlan) -> Iterator[
     (index,) = list(indexes)  # one slice per task, by construction of the job
     repeats = RepeatedLines()
     newest: dict[int, int] = {}
+    records: dict[int, int] = {}
     writer = StagingWriter(url, plan, attempt)
     try:
         for chunk in plan.slices[index].read(plan.index_of, max_record_bytes=plan.spec.max_line_bytes):
             _note_newest(chunk, newest)
+            count_records(chunk, plan.spec.lines, records)
             direct = DirectRows(list(plan.tables))  # ordinary records skip Arrow: straight to COPY rows
             writer.write(coerce_batch(chunk, plan.spec, repeats, direct), direct)
             checkpoint("staging", split=index, attempt=attempt_number)
@@ -86,6 +89,7 @@ def stage_slice(indexes: Iterable[int], url: str, plan: CommitPlan) -> Iterator[
         known=writer.known,
         unique_keys=repeats.unique,
         max_timestamps=newest,
+        records=records,
     )
     yield staged, time.monotonic() - started, attempt_number
 
@@ -100,6 +104,22 @@ def _note_newest(records: pa.RecordBatch, newest: dict[int, int]) -> None:
         if row["stamp_max"] is not None:
             unit = int(row["unit"])
             newest[unit] = max(int(row["stamp_max"]), newest.get(unit, row["stamp_max"]))
+
+
+def count_records(chunk: pa.RecordBatch, lines: bool, records: dict[int, int]) -> None:
+    """Add the chunk's records per unit to ``records``: every raw record but, in a text
+    file, its blank lines (empty or ASCII whitespace only: what ``bytes.isspace`` calls
+    blank), which the coercion drops as no records. Each record counted here ends up
+    exactly one of a staged row, a counted repeat, a known key or a reject, so a unit's
+    skipped records are its records less its rows written and rejected."""
+    units = chunk.column("_unit")
+    if lines:
+        raw = chunk.column("_raw").view(pa.string())  # bytes as they are: the checks below are byte-wise
+        blank = pc.and_kleene(pc.is_valid(raw), pc.or_kleene(pc.equal(pc.binary_length(raw), 0), pc.ascii_is_space(raw)))
+        units = pc.filter(units, pc.invert(pc.fill_null(blank, False)))
+    for row in pa.table({"unit": units}).group_by("unit").aggregate([("unit", "count")]).to_pylist():
+        unit = int(row["unit"])
+        records[unit] = records.get(unit, 0) + int(row["unit_count"])
 
 
 def stage_slice_arrow(batches: Iterator[pa.RecordBatch], url: str, plan: CommitPlan) -> Iterator[pa.RecordBatch]:

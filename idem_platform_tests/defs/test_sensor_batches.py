@@ -34,6 +34,7 @@ from idem_platform_tests.helpers.config import example_text, write_config
 from idem_platform_tests.helpers.database import reset_database
 from idem_platform_tests.helpers.paths import REPO
 from idem_platform_tests.helpers.sensors import SensorTicker
+from idem_platform_tests.helpers.webserver import webserver
 
 SENSOR = "threatfeed_filedrop_sensor"
 JOB = "threatfeed_ingest"
@@ -181,45 +182,142 @@ def file_held(pg_url: str, path: Path) -> tuple[int, int]:
     return int(rows[0]), int(rejects[0])
 
 
+def partition_metadata(instance: dg.DagsterInstance, partition: str) -> dict[str, Any]:
+    """The values of the latest ``committed`` materialization's metadata of ``partition``."""
+    (record,) = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=COMMITTED, asset_partitions=[partition]), limit=1
+    ).records
+    assert record.asset_materialization is not None
+    return {k: v.value for k, v in record.asset_materialization.metadata.items()}
+
+
+def commit_totals(pg_url: str, commit_id: str) -> tuple[int, int, int]:
+    """(written, skipped, rejected) of the ``commits`` row."""
+    with connect(pg_url) as conn:
+        row = conn.execute(
+            "SELECT rows_written, rows_skipped, rows_rejected FROM idem.commits WHERE commit_id = %s", [commit_id]
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+BATCH_FIGURES = {  # (rows written, rejects, rows skipped) of each file of the batch
+    "a.ndjson": (4, 0, 0),
+    "b.ndjson": (3, 1, 0),
+    "c.ndjson": (2, 2, 1),  # its last line repeats one of a.ndjson's
+    "d.ndjson": (1, 1, 2),  # 3 blank lines (no records), a repeated line, a key committed before
+}
+
+
+def drop_batch(directory: Path) -> list[Path]:
+    """The batch of :data:`BATCH_FIGURES` (``y-0`` is committed before it)."""
+    good = [f'{{"type":"malware","id":"x-{i}","name":"m{i}"}}' for i in range(10)]
+    committed_before = '{"type":"malware","id":"y-0","name":"early"}'
+    return [
+        write_lines(directory / "a.ndjson", good[:4]),
+        write_lines(directory / "b.ndjson", [*good[4:7], "not json"]),
+        write_lines(directory / "c.ndjson", [*good[7:9], "{", "[1]", good[0]]),
+        write_lines(directory / "d.ndjson", ["", good[9], "   ", good[9], committed_before, "oops", "\t"]),
+    ]
+
+
 def test_a_batch_run_gives_each_file_s_partition_its_own_figures_and_check_evaluations(
     tmp_path: Path, pg_url: str, instance: dg.DagsterInstance, spark: Any
 ) -> None:
     """Issue 35: a file's partition shows what PostgreSQL holds for that file, not the batch's
-    totals, and each partition has its own commit_consistency and reject_ratio evaluation."""
+    totals, its figures add up to the batch's, and each partition has its own
+    commit_consistency and reject_ratio evaluation."""
     config = config_with(tmp_path, pg_url, max_reject_ratio=1.0)
     directory = config.connector("threatfeed").path
     assert directory is not None
-    good = [f'{{"type":"malware","id":"x-{i}","name":"m{i}"}}' for i in range(9)]
-    paths = [
-        write_lines(directory / "a.ndjson", good[:4]),  # 4 written
-        write_lines(directory / "b.ndjson", [*good[4:7], "not json"]),  # 3 written, 1 rejected
-        write_lines(directory / "c.ndjson", [*good[7:9], "{", "[1]", good[0]]),  # 2 written, 2 rejected, 1 skipped
-    ]
     ticker = SensorTicker(config, instance, pg_url, SENSOR)
+    write_lines(directory / "0.ndjson", ['{"type":"malware","id":"y-0","name":"early"}'])
+    (early,) = settle(ticker).run_requests
+    assert launch(ticker, early).success
+    paths = drop_batch(directory)
     (request,) = settle(ticker).run_requests
+    assert request.tags[FILES_TAG] == "4"
     run = launch(ticker, request)
     assert run.success
-    expected = {"a.ndjson": (4, 0, 0), "b.ndjson": (3, 1, 0), "c.ndjson": (2, 2, 1)}
+    figures = {path.name: partition_metadata(instance, path.name) for path in paths}
     for path in paths:
-        (record,) = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=COMMITTED, asset_partitions=[path.name]), limit=1
-        ).records
-        metadata = {k: v.value for k, v in record.asset_materialization.metadata.items()}  # type: ignore[union-attr]
+        metadata = figures[path.name]
         rows, rejects = file_held(pg_url, path)
-        assert (rows, rejects, metadata["rows_skipped"]) == expected[path.name]
+        assert (rows, rejects, metadata["rows_skipped"]) == BATCH_FIGURES[path.name]
         assert metadata["dagster/row_count"] == metadata["rows_written"] == metadata["written/malware"] == rows
         assert metadata["rows_rejected"] == rejects
         sample = metadata["rejects"].records if rejects else []  # the file's own rejects, one row per reason
         assert ("rejects" in metadata) == bool(rejects) and len({r.data["position"] for r in sample}) == rejects
         assert [f["file"] for f in metadata["files"]] == [str(path)]
-        assert metadata["batch_rows_written"] == 9 and metadata["batch_rows_rejected"] == 3 and metadata["batch_files"] == 3
+        assert (metadata["batch_rows_written"], metadata["batch_rows_rejected"], metadata["batch_files"]) == (10, 4, 4)
+    # The files' figures add up to the batch's, as the commit recorded it.
+    commit_id = figures["a.ndjson"]["commit_id"]
+    totals = commit_totals(pg_url, commit_id)
+    assert totals == (10, 3, 4)
+    for index, name in enumerate(("rows_written", "rows_skipped", "rows_rejected")):
+        assert sum(f[name] for f in figures.values()) == figures["a.ndjson"][f"batch_{name}"] == totals[index]
+    with connect(pg_url) as conn:  # each ledger row keeps its own file's counts
+        results = dict(conn.execute("SELECT key, result FROM idem.ingest_ledger WHERE namespace = 'threatfeed'").fetchall())
+    for path in paths:
+        (own,) = results[hash_file(path).key]["files"]
+        written, rejected, skipped = BATCH_FIGURES[path.name]
+        assert (own["rows_written"], own["rows_skipped"], own["rows_rejected"]) == (written, skipped, rejected)
     evaluations = {(e.check_name, e.partition): e.passed for e in run.get_asset_check_evaluations()}
     assert evaluations == {
-        ("commit_consistency", "a.ndjson"): True, ("commit_consistency", "b.ndjson"): True,
-        ("commit_consistency", "c.ndjson"): True, ("reject_ratio", "a.ndjson"): True,
-        ("reject_ratio", "b.ndjson"): False, ("reject_ratio", "c.ndjson"): False,
+        **{("commit_consistency", p.name): True for p in paths},
+        ("reject_ratio", "a.ndjson"): True, ("reject_ratio", "b.ndjson"): False,
+        ("reject_ratio", "c.ndjson"): False, ("reject_ratio", "d.ndjson"): False,
         ("pandera_contract", None): True,
     }
+    assert_seen_through_graphql(instance, tmp_path, config, pg_url, paths)
+
+
+MATERIALIZATIONS = """
+query Materializations($key: AssetKeyInput!, $partitions: [String!]) {
+  assetOrError(assetKey: $key) { ... on Asset { assetMaterializations(partitions: $partitions) {
+    partition metadataEntries { label ... on IntMetadataEntry { intValue } } } } }
+  assetNodeOrError(assetKey: $key) { ... on AssetNode { partitionStats { numMaterialized } } }
+}
+"""
+CHECK_EXECUTIONS = """
+query Checks($key: AssetKeyInput!, $check: String!, $partition: String) {
+  assetCheckExecutions(assetKey: $key, checkName: $check, partition: $partition, limit: 10) {
+    partition status evaluation { success partition } }
+}
+"""
+
+
+def assert_seen_through_graphql(
+    instance: dg.DagsterInstance, tmp_path: Path, config: IdemConfig, pg_url: str, paths: list[Path]
+) -> None:
+    """What the UI shows (a real webserver's GraphQL API on the same instance, the test's
+    Definitions as its code location): each file's partition has its own figures, equal to
+    what PostgreSQL holds for the file, and its own evaluation of each check."""
+    assert config.source is not None
+    key = {"path": COMMITTED.path}
+    with webserver(Path(instance.root_directory), tmp_path, config.source, pg_url) as api:
+        data = api.query(MATERIALIZATIONS, {"key": key, "partitions": [p.name for p in paths]})
+        assert data["assetNodeOrError"]["partitionStats"]["numMaterialized"] == 5  # 0.ndjson and the batch's 4
+        shown = {
+            event["partition"]: {e["label"]: e.get("intValue") for e in event["metadataEntries"]}
+            for event in data["assetOrError"]["assetMaterializations"]
+        }
+        for path in paths:
+            rows, rejects = file_held(pg_url, path)
+            figures = shown[path.name]
+            assert (figures["rows_written"], figures["rows_rejected"]) == (rows, rejects)
+            assert figures["dagster/row_count"] == rows and figures["rows_skipped"] == BATCH_FIGURES[path.name][2]
+        for check in ("commit_consistency", "reject_ratio"):
+            for path in paths:
+                (execution,) = api.query(
+                    CHECK_EXECUTIONS, {"key": key, "check": check, "partition": path.name}
+                )["assetCheckExecutions"]
+                passed = check == "commit_consistency" or path.name == "a.ndjson"
+                assert execution["partition"] == execution["evaluation"]["partition"] == path.name
+                assert execution["evaluation"]["success"] is passed
+                assert execution["status"] == ("SUCCEEDED" if passed else "FAILED")
+            unpartitioned = api.query(CHECK_EXECUTIONS, {"key": key, "check": check, "partition": ""})
+            assert unpartitioned["assetCheckExecutions"] == []  # no evaluation without its partition
 
 
 def test_batches_are_bounded_by_count_and_bytes(tmp_path: Path, pg_url: str, instance: dg.DagsterInstance) -> None:

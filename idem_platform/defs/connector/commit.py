@@ -28,7 +28,7 @@ from idem_platform.redact import secrets_kept
 from idem_platform.sources.filedrop.figures import (
     file_figures,
     file_summary,
-    holding_commits,
+    held_results,
     reject_samples,
 )
 from idem_platform.sources.rejects.listing import list_rejects
@@ -93,8 +93,8 @@ def _per_file_metadata(
     connector: ConnectorConfig = coerced.connector
     sources = [unit.source for unit in coerced.batch.units if "file" in unit.source]
     keys = [str(source["key"]) for source in sources]
-    holders = holding_commits(conn, connector.name, keys)
-    figures = file_figures(conn, holders, coerced.tables)
+    held = held_results(conn, connector.name, keys)
+    figures = file_figures(conn, sources, summary, held, coerced.tables)
     rejected = {key: f.commit_id for key, f in figures.items() if f.rejected}
     samples: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
     for commit_id in set(rejected.values()):

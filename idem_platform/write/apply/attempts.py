@@ -31,6 +31,9 @@ class StagedAttempt:
     unique_keys: bool = False  # the attempt staged no key twice (no DISTINCT ON needed)
     max_timestamps: dict[int, int] = field(default_factory=dict)  # unit index -> newest source timestamp (ms)
     props_fields: dict[str, list[str]] = field(default_factory=dict)  # record type -> fields coercion put in props
+    # unit index -> records read (a file's blank lines are no records); None: not counted
+    # (an attempt made by hand), and then the commit reports no per-unit figures.
+    records: dict[int, int] | None = None
 
 
 def accepted_attempts(plan: CommitPlan, messages: list[StagedAttempt | None]) -> list[StagedAttempt]:

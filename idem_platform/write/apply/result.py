@@ -29,9 +29,16 @@ def applied_result(
     rows_rejected: int,
     tables: dict[str, Any],
     timings: dict[str, Any],
+    units: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The result of a commit that applied its rows: the run's summary, and what the
-    ``commits`` row and the ledger rows record of it."""
+    ``commits`` row and the ledger rows record of it.
+
+    ``units``: each unit's own counts, in plan order (:func:`~idem_platform.write.apply.units.unit_counts`),
+    added to its entry in ``files``/``sources``, so each ledger row keeps its own
+    file's figures beside the commit's.
+    """
+    sources = plan.sources() if units is None else [{**s, **c} for s, c in zip(plan.sources(), units, strict=True)]
     return {
         "commit_id": plan.commit_id,
         "connector": plan.connector,
@@ -41,7 +48,7 @@ def applied_result(
         "rows_rejected": rows_rejected,
         "replayed": False,
         **({"replay_skipped": plan.replayed_records} if plan.replayed_records else {}),
-        **sources_of(plan.sources()),
+        **sources_of(sources),
         "tables": tables,
         "schema_versions": {rt: plan.tables[rt].schema_version for rt in sorted(plan.tables)},
         "timings": timings,
@@ -80,6 +87,16 @@ def ledger_result(result: dict[str, Any], key: str, commit_keys: int) -> dict[st
     """
     own = {name: [s for s in entries if s.get("key") == key] for name in ("files", "sources") if (entries := result.get(name)) is not None}
     return {**result, **own, "commit_keys": commit_keys}
+
+
+def own_counts(result: dict[str, Any], key: str) -> tuple[int, int, int] | None:
+    """``(written, skipped, rejected)`` of the unit ``key`` in a commit's result (its ledger
+    row's), or ``None`` when that commit kept no per-unit counts (before they were kept)."""
+    for name in ("files", "sources"):
+        for entry in result.get(name) or []:
+            if entry.get("key") == key and "rows_skipped" in entry:
+                return int(entry["rows_written"]), int(entry["rows_skipped"]), int(entry["rows_rejected"])
+    return None
 
 
 def record_commit(
@@ -136,10 +153,14 @@ def log_counts(
 def record_replay(conn: psycopg.Connection, plan: CommitPlan, priors: list[dict[str, Any]]) -> dict[str, Any]:
     """Record a run whose units were all committed before: a ``replay`` commit, nothing else.
 
-    Every record of the units counts as ``replay_skip``; ``prior`` carries the
-    original commits' counts. Runs in its own transaction.
+    Every record of the units counts as ``replay_skip`` (each unit's own records when its
+    ledger row kept them); ``prior`` carries the original commits' counts. Runs in its own transaction.
     """
-    skipped = sum(p.get("rows_written", 0) + p.get("rows_skipped", 0) + p.get("rows_rejected", 0) for p in _unique(priors))
+    owns = {unit.key: own_counts(prior, unit.key) for unit, prior in zip(plan.units, priors, strict=True)}
+    if owns and all(own is not None for own in owns.values()):  # each unit's own records, as counted then
+        skipped = sum(sum(own) for own in owns.values() if own is not None)
+    else:  # ledger rows from before units kept their own counts: the prior commits' totals
+        skipped = sum(p.get("rows_written", 0) + p.get("rows_skipped", 0) + p.get("rows_rejected", 0) for p in _unique(priors))
     result = {
         "commit_id": plan.commit_id,
         "connector": plan.connector,

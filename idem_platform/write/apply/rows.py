@@ -28,6 +28,11 @@ class TableInserts:
         self.conn = conn
         self.plan = plan
         self.written = dict.fromkeys(self.plan.tables, 0)
+        # Per record type, rows written per unit position prefix: only for a plan of
+        # several units (a one-unit commit's unit wrote all of ``written``).
+        self.written_by_prefix: dict[str, dict[str, int]] | None = (
+            {rt: {} for rt in self.plan.tables} if len(self.plan.units) > 1 else None
+        )
         self.added: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}
         self.to_props: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}
         self.props_reasons: dict[str, dict[str, str]] = {rt: {} for rt in self.plan.tables}
@@ -72,6 +77,7 @@ class TableInserts:
                 unique_keys=message.unique_keys,
                 on_conflict=not streaming,
                 promoted=promoted,
+                by_prefix=self.written_by_prefix[record_type] if self.written_by_prefix is not None else None,
             )
         self.inserted.add((record_type, message.partition))
         if evolution.fill:
@@ -129,13 +135,15 @@ def insert_rows(
     unique_keys: bool = False,
     on_conflict: bool = False,
     promoted: dict[str, Column] | None = None,
+    by_prefix: dict[str, int] | None = None,
 ) -> int:
     """Insert one staged table's rows of ``record_type`` whose keys the table lacks; return how many.
 
     ``unique_keys``: the attempt staged no key twice (no ``DISTINCT ON`` sort);
     ``on_conflict``: streaming met another writer's keys, so wait for it and skip them;
     ``promoted``: the table's retyped text columns (``idem retype``), to fill their
-    typed companions.
+    typed companions; ``by_prefix``: when given, gains the rows inserted per position
+    prefix (per unit).
     """
     target, select = _columns(plan, spec, evolution, promoted or {})
     # First occurrence per key wins. An attempt whose executor vouched for distinct
@@ -166,7 +174,19 @@ def insert_rows(
         "commit_id": plan.commit_id,
         "overcap": evolution.to_props,
     }
-    return conn.execute(statement, params).rowcount
+    if by_prefix is None:
+        return conn.execute(statement, params).rowcount
+    # Count what was inserted per unit, by the position prefix of each row's ``_source``
+    # (a prefix ends in a non-digit, its offset is all digits): the counts the batch's
+    # total is the sum of, from the same statement.
+    counted = sql.SQL(
+        "WITH ins AS ({insert} RETURNING _source) SELECT rtrim(_source, '0123456789'), count(*) FROM ins GROUP BY 1"
+    ).format(insert=statement)
+    total = 0
+    for prefix, count in conn.execute(counted, params).fetchall():
+        by_prefix[str(prefix)] = by_prefix.get(str(prefix), 0) + int(count)
+        total += int(count)
+    return total
 
 
 def _columns(

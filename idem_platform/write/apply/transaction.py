@@ -18,6 +18,7 @@ from idem_platform.write.apply.locks import STREAM_CONFLICTS, lock_wait, set_loc
 from idem_platform.write.apply.rejects import record_rejects, too_many_rejects
 from idem_platform.write.apply.result import applied_result, record_applied
 from idem_platform.write.apply.rows import TableInserts
+from idem_platform.write.apply.units import rejected_by_unit, unit_counts
 from idem_platform.write.plan import CommitPlan
 from idem_platform.write.staging import attempt_table, drop_staging, drop_tables, staged_ident
 
@@ -227,6 +228,7 @@ class ApplyTransaction:
             rows_rejected=rows_rejected,
             tables=self.inserts.tables(chosen, staged),
             timings=self._timings(),
+            units=self._unit_counts(chosen, (rows_written, idempotent_skips, rows_rejected)),
         )
         valid_through = moved.pop("valid_through", None)
         result.update(moved)
@@ -234,6 +236,19 @@ class ApplyTransaction:
             self.conn, plan, result, counts=(rows_written, idempotent_skips, rows_rejected), valid_through=valid_through
         )
         return self._commit(chosen, result)
+
+    def _unit_counts(self, chosen: list[StagedAttempt], totals: tuple[int, int, int]) -> list[dict[str, Any]] | None:
+        """Each unit's rows written, skipped and rejected (see :mod:`~idem_platform.write.apply.units`),
+        or ``None`` when they were not counted or do not add up to ``totals`` (written,
+        idempotent skips, rejected): a unit never shows a figure its batch contradicts."""
+        counts = unit_counts(
+            self.plan, chosen, self.inserts.written, self.inserts.written_by_prefix,
+            rejected_by_unit(self.conn, self.plan, chosen),
+        )
+        if counts is None:
+            return None
+        added = tuple(sum(c[name] for c in counts) for name in ("rows_written", "rows_skipped", "rows_rejected"))
+        return counts if added == totals else None
 
     def _timings(self) -> dict[str, Any]:
         """The result's ``timings`` so far (the caller adds its own)."""
