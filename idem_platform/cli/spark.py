@@ -1,5 +1,5 @@
 """``idem spark start|stop|status``: the long-lived Spark Connect server that runs reuse (no JVM
-start per run).
+start per run); ``idem spark cds``: the JVM class-data archive that makes every Spark start faster.
 
 ``start`` imports PySpark (through :mod:`idem_platform.spark.reuse`) when it runs, so
 ``idem --help`` stays fast.
@@ -75,3 +75,12 @@ def status(directory: str | None) -> dict[str, Any]:
     if state is None:
         return {"running": False, "dir": str(where)}
     return {"running": state.alive, **asdict(state)}
+
+
+@spark.command("cds")
+def cds() -> dict[str, Any]:
+    """Build the JVM class-data archive (once per installation; make install does)."""
+    from idem_platform.spark.cds import archive_path, ensure  # imports PySpark: kept off idem --help
+
+    built = ensure()
+    return {"archive": str(built or archive_path()), "built": built is not None}
