@@ -80,7 +80,10 @@ def status(directory: str | None) -> dict[str, Any]:
 @spark.command("cds")
 def cds() -> dict[str, Any]:
     """Build the JVM class-data archive (once per installation; make install does)."""
-    from idem_platform.spark.cds import archive_path, ensure  # imports PySpark: kept off idem --help
+    from idem_platform.spark.cds import (  # imports PySpark: kept off idem --help
+        archive_path,
+        ensure,
+    )
 
     built = ensure()
     return {"archive": str(built or archive_path()), "built": built is not None}

@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from idem_platform.errors import ConfigError
+from idem_platform.redact import url_secrets
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DAEMON_MODULE = "idem_platform.spark.daemon"  # the server's Python worker daemon (local masters)
@@ -264,7 +265,6 @@ _SECRET_NAME = re.compile(r"^(IDEM_POSTGRES_URL|IDEM_SPARK_REMOTE|PGPASSWORD|PGP
 
 def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` less what the server's workers (any client's code) must not read."""
-    from idem_platform.redact import url_secrets
 
     return {
         name: value for name, value in environ.items()

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from idem_platform.coercion.records import RAW_CAP
 from idem_platform.errors import KafkaError, OffsetGapError
+from idem_platform.sources.kafka.client import consumer as new_consumer
 from idem_platform.write.batch import RECORDS_SCHEMA
 
 MESSAGES_PER_POLL = 5000
@@ -101,8 +102,6 @@ def read_range(piece: KafkaSlice, unit_index: int, end: int, *, max_record_bytes
     """
     from confluent_kafka import KafkaError as RdKafkaError
     from confluent_kafka import TopicPartition
-
-    from idem_platform.sources.kafka.client import consumer as new_consumer
 
     if end <= piece.start:
         return
