@@ -42,6 +42,7 @@ def spark() -> None:
 @click.option("--port", type=int, help="its port on 127.0.0.1 (default: a free one)")
 def start(directory: str | None, master: str | None, port: int | None) -> dict[str, Any]:
     """Start it (or report the one running)."""
+    # Late import (pulls in PySpark): kept off idem --help's imports.
     from idem_platform.spark.reuse import server_conf
 
     config_path = invocation().config

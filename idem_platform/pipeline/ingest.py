@@ -124,6 +124,7 @@ def record_spec(connector: ConnectorConfig, tables: dict[str, TableSpec], units:
 
 def records_frame(spark: SparkSession, batch: SourceBatch, connector: ConnectorConfig) -> DataFrame:
     """The ``ingest`` frame: one row per raw record of the pending units (lazy)."""
+    # Late import (pulls in PySpark): off idem --help's imports (the CLI imports this module).
     from idem_platform.spark.records_source import batch_option
     from idem_platform.spark.session import register_sources
 
@@ -137,6 +138,7 @@ def records_frame(spark: SparkSession, batch: SourceBatch, connector: ConnectorC
 
 def coerced_frame(records: DataFrame, spec: RecordSpec) -> DataFrame:
     """The ``coerced`` frame: ``mapInArrow`` of the coercion over the records (lazy)."""
+    # Late import (PySpark): off idem --help's imports (the CLI imports this module).
     from pyspark.sql.pandas.types import from_arrow_schema
 
     def coerce(batches: Any) -> Any:
@@ -151,6 +153,7 @@ def check_cluster_reach(master: str, url: str) -> None:
     Raises:
         EmbeddedPostgresError: naming ``IDEM_POSTGRES_URL``.
     """
+    # Late import (pulls in PySpark): off idem --help's imports (the CLI imports this module).
     from idem_platform.spark.session import is_local_master
 
     if not is_local_master(master) and is_unix_socket_url(url):

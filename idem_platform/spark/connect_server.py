@@ -96,6 +96,7 @@ class ServerState:
 
 def spark_home() -> Path:
     """The installed ``pyspark`` package (it carries ``bin/`` and ``jars/``)."""
+    # Late import (PySpark): off idem --help's imports (idem spark stop/status need none).
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
@@ -210,6 +211,7 @@ def start(
 def server_settings(master: str, port: int, conf: dict[str, str]) -> dict[str, str]:
     """The ``--conf`` settings of a server on ``port``: idem's session defaults, ``conf``,
     and what keeps it private (loopback addresses; its token is not among them)."""
+    # Late import (pulls in PySpark): off idem --help's imports (idem spark stop/status need none).
     from idem_platform.spark.session import DEFAULT_CONF, driver_java_options, is_local_master
 
     settings = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.master"}
@@ -321,6 +323,7 @@ def fingerprint(master: str, conf: dict[str, str]) -> str:
     """What a server must have been started with to serve a run: its master, its settings,
     PySpark's version and idem's code (every module's size and mtime: the server's Python
     workers imported the code as it was when they started)."""
+    # Late import (PySpark): off idem --help's imports (idem spark stop/status need none).
     import pyspark
 
     package = Path(__file__).resolve().parents[1]
@@ -410,6 +413,7 @@ def _hold(directory: Path) -> None:
 def warm(url: str) -> None:
     """Start the server's Python workers (one per slot) with idem's staging modules imported,
     so the first run's first job does not pay for them."""
+    # Late import (pulls in PySpark): off idem --help's imports (idem spark stop/status need none).
     from idem_platform.spark.session import build_session, touch_workers
 
     touch_workers(build_session({"spark.remote": url}))

@@ -26,6 +26,7 @@ from idem_platform.read.migrate.report import build_report
 from idem_platform.read.migrate.task import MigrateTask
 from idem_platform.read.planner import plan_read
 from idem_platform.read.upgrade import KEEP, RAISE
+from idem_platform.spark.slots import task_slots
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,7 +70,6 @@ def migrate(
         ConfigError: an unknown record type, a bad ``batch_rows``.
         MigrationChainError: a broken chain.
     """
-    from idem_platform.spark.slots import task_slots
 
     if batch_rows < 1:
         raise ConfigError(f"batch rows must be at least 1 (got {batch_rows})")

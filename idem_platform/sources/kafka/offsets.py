@@ -169,6 +169,7 @@ class OffsetAdvance:
 
 def commit_to_group(settings: dict[str, Any], group: str, offsets: list[tuple[str, int, int]]) -> None:
     """Commit ``(topic, partition, next offset)`` to ``group`` without joining it."""
+    # Late import (confluent_kafka): off idem --help's imports and file-only runs'.
     from confluent_kafka import TopicPartition
 
     # session.timeout.ms bounds how long a commit waits for a coordinator (45 s by default).

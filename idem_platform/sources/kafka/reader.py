@@ -100,6 +100,7 @@ def read_range(piece: KafkaSlice, unit_index: int, end: int, *, max_record_bytes
         KafkaError: the broker failed, or the range stopped advancing for
             ``read_timeout_seconds`` (broker down, a transaction left open).
     """
+    # Late import (confluent_kafka): off idem --help's imports and file-only runs'.
     from confluent_kafka import KafkaError as RdKafkaError
     from confluent_kafka import TopicPartition
 
