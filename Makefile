@@ -13,7 +13,7 @@ CONFIG ?= examples/threatfeed/idem.yaml
 .PHONY: install demo typecheck test test-pythons test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate kafka-broker lint stop stop-spark stop-postgres clean
 
 # The C extension (idem_platform/coercion/*.c) is optional for pip; here a failed build is said out loud.
-$(STAMP): pyproject.toml $(wildcard idem_platform/coercion/*.c)
+$(STAMP): pyproject.toml $(wildcard idem_platform/coercion/*.c) idem_platform/spark/cds.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel 2>&1 | $(QUIET)
 	$(PY) -m pip install --quiet -e '.[test]' 2>&1 | $(QUIET)

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from urllib.parse import unquote
 
+from idem_platform.errors import IdemError
+
 MASK = "***"
 
 # scheme://user:password@ — by regex, not urlsplit: a URL malformed enough to fail
@@ -119,7 +121,6 @@ def scrubbed(exc: BaseException) -> BaseException | None:
     """
     if not any(mentions_secret(f"{type(e).__name__}: {e}") for e in _chain(exc)):
         return None
-    from idem_platform.errors import IdemError
 
     message = scrub(str(exc))
     if isinstance(exc, IdemError):

@@ -22,6 +22,12 @@ def idem_home() -> Path:
     return Path(os.environ.get(HOME_ENV) or ".idem").resolve()
 
 
+def cache_home() -> Path:
+    """``$XDG_CACHE_HOME/idem`` or ``~/.cache/idem``: what one installation builds once and
+    every idem home reuses (the JVM's class-data archive, :mod:`idem_platform.spark.cds`)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "idem"
+
+
 def postgres_url_from_environment() -> str | None:
     """``$IDEM_POSTGRES_URL``, when it is set and not blank."""
     return os.environ.get(POSTGRES_URL_ENV) or None

@@ -82,6 +82,7 @@ def with_spark_server(config: IdemConfig, command: list[str], url: str) -> dict[
     Every run the sensors launch is a new process: with a Spark Connect server they
     connect to a warm JVM and warm Python workers instead of starting both.
     """
+    # Late import (pulls in PySpark): kept off idem --help's imports.
     from idem_platform.spark.reuse import server_conf
 
     directory = server_dir(None)

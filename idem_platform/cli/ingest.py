@@ -90,6 +90,7 @@ def demo_push(config: IdemConfig, connector: HttpConnector, lines: list[str]) ->
 
     The server runs in this process on a free loopback port; the requests are real HTTP.
     """
+    # Late import (pulls in FastAPI and uvicorn): kept off idem --help's imports.
     from idem_platform.sources.push.server import serve_in_background, settings_from_environment
 
     if connector.path is None:

@@ -30,6 +30,7 @@ from idem_platform.pipeline.ingest import check_cluster_reach
 @json_option()
 def migrate(types: tuple[str, ...], dry_run: bool, batch_rows: int, skip_failed: bool) -> dict[str, Any] | None:
     """Upgrade rows stored at an older schema_version in place (in Spark, batched, resumable)."""
+    # Late import (pulls in PySpark and ADBC): kept off idem --help's imports.
     from idem_platform.read.migrate.counts import plan_migration, selected_types
     from idem_platform.read.migrate.report import human_report
     from idem_platform.read.migrate.run import migrate as migrate_rows

@@ -44,6 +44,7 @@ def read(record_type: str, commit: str | None, limit: int | None, skip_failed_mi
     way. Last, on stderr, one JSON line: the rows printed, and, when some rows were
     stored at an older version or skipped, the rows per stored version.
     """
+    # Late import (pulls in ADBC): kept off idem --help's imports.
     from idem_platform.read.planner import plan_read
 
     config = load_config(invocation().config)
@@ -83,6 +84,7 @@ def spark_lines(
 ) -> tuple[Iterator[str | None], int, dict[int, int]]:
     """A read with old rows, in Spark (their migrations run on the executors): its lines, the
     current version and the rows per stored version."""
+    # Late import (pulls in PySpark): only a read with rows to migrate needs it.
     from idem_platform.read.table import read_lines, read_table
     from idem_platform.spark.session import build_session, spark_config_for
 

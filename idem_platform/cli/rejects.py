@@ -77,6 +77,7 @@ def list_command(ctx: click.Context, connector: str | None, commit: str | None, 
 def retry(ctx: click.Context, connector: str | None, commit: str | None, dry_run: bool) -> dict[str, Any]:
     """Re-run the quarantined rejects (one commit's with --commit) through the current
     catalog, commit those that pass; those that still fail stay quarantined."""
+    # Late import (pulls in Dagster and PySpark): kept off idem --help's imports.
     from idem_platform.defs.inprocess import run_retry_job
 
     started = time.monotonic()

@@ -41,6 +41,7 @@ def ingest_connector(
     check_cluster_reach(config.spark_master(), url)
     paths = checked_files(connector, files)
     with hashing_in_background(paths):
+        # Late import: Dagster and PySpark import while the files hash in the background.
         from idem_platform.defs.inprocess import partition_for, run_ingest_job
         from idem_platform.spark.reuse import start_spark
     batch = plan_batch(url, connector, paths)

@@ -21,6 +21,7 @@ PUSH_KINDS = ("http", "otlp")
 @click.option("--max-body-bytes", type=int, help="override every connector's max_body_bytes")
 def serve(host: str, port: int, max_body_bytes: int | None) -> None:
     """HTTP push API for http/otlp connectors: NDJSON with idempotency keys, OTLP logs."""
+    # Late import (pulls in FastAPI and uvicorn): kept off idem --help's imports.
     from idem_platform.sources.push.server import serve as serve_forever
     from idem_platform.sources.push.server import settings_from_environment
 

@@ -1,5 +1,5 @@
 """``idem spark start|stop|status``: the long-lived Spark Connect server that runs reuse (no JVM
-start per run).
+start per run); ``idem spark cds``: the JVM class-data archive that makes every Spark start faster.
 
 ``start`` imports PySpark (through :mod:`idem_platform.spark.reuse`) when it runs, so
 ``idem --help`` stays fast.
@@ -42,6 +42,7 @@ def spark() -> None:
 @click.option("--port", type=int, help="its port on 127.0.0.1 (default: a free one)")
 def start(directory: str | None, master: str | None, port: int | None) -> dict[str, Any]:
     """Start it (or report the one running)."""
+    # Late import (pulls in PySpark): kept off idem --help's imports.
     from idem_platform.spark.reuse import server_conf
 
     config_path = invocation().config
@@ -75,3 +76,15 @@ def status(directory: str | None) -> dict[str, Any]:
     if state is None:
         return {"running": False, "dir": str(where)}
     return {"running": state.alive, **asdict(state)}
+
+
+@spark.command("cds")
+def cds() -> dict[str, Any]:
+    """Build the JVM class-data archive (once per installation; make install does)."""
+    from idem_platform.spark.cds import (  # imports PySpark: kept off idem --help
+        archive_path,
+        ensure,
+    )
+
+    built = ensure()
+    return {"archive": str(built or archive_path()), "built": built is not None}

@@ -22,7 +22,13 @@ from idem_platform.contract.catalog import (
 from idem_platform.contract.keys import NAME_PATTERN
 from idem_platform.contract.otlp_logs import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
 from idem_platform.errors import ConfigError
-from idem_platform.migrations import Chains, MigrationChainError, MigrationSource
+from idem_platform.migrations import (
+    Chains,
+    MigrationChainError,
+    MigrationSource,
+    check_chains,
+    load_modules,
+)
 from idem_platform.settings import (
     SPARK_SERVER_ENV,
     spark_master_from_environment,
@@ -175,7 +181,6 @@ class IdemConfig(ConfigModel):
             MigrationChainError: a chain has a gap, a duplicate or a step past the current
                 version (one line naming the record type and the step).
         """
-        from idem_platform.migrations import check_chains, load_modules
 
         where = _str(self.source)
         try:

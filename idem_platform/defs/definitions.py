@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from typing import assert_never
 
 import dagster as dg
@@ -20,6 +21,7 @@ from idem_platform.defs.retype import JOB_NAME as RETYPE_JOB
 from idem_platform.defs.retype import promote_column_job
 from idem_platform.defs.shared import database_resources
 from idem_platform.defs.tables import table_asset_specs
+from idem_platform.migrations import load_modules
 from idem_platform.redact import remember_url, url_secrets
 from idem_platform.settings import POSTGRES_URL_ENV, postgres_url_from_environment
 from idem_platform.spark.session import spark_config_for
@@ -78,9 +80,6 @@ def user_definitions(config: IdemConfig) -> dg.Definitions:
     """
     if not config.assets:
         return dg.Definitions()
-    import sys
-
-    from idem_platform.migrations import load_modules
 
     load_modules(config.assets, config.source.parent if config.source else None, what="assets")
     modules = [sys.modules[name] for name in config.assets]

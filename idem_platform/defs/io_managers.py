@@ -27,8 +27,10 @@ from pydantic import Field, PrivateAttr
 from idem_platform.config import IdemConfig
 from idem_platform.defs.resources import ConfigsByTable, PostgresResource, SparkResource
 from idem_platform.defs.summary import summary_from_metadata
+from idem_platform.defs.tables import record_type_of, table_name
 from idem_platform.pipeline.ingest import check_cluster_reach
 from idem_platform.private_files import create_private, private_dir
+from idem_platform.read.table import read_table
 from idem_platform.redact import secrets_kept
 
 LATEST = "latest"  # the plans directory that keeps each asset partition's latest plan
@@ -229,8 +231,6 @@ class TableIOManager(dg.ConfigurableIOManager):
         )
 
     def load_input(self, context: dg.InputContext) -> Any:
-        from idem_platform.defs.tables import record_type_of, table_name
-
         record_type = record_type_of(context.asset_key) if context.has_asset_key else None
         idem_config: IdemConfig | None = self.configs.get(record_type)
         if record_type is None or idem_config is None:
@@ -243,7 +243,6 @@ class TableIOManager(dg.ConfigurableIOManager):
         skip = bool(options.get(SKIP_FAILED_METADATA, self.skip_failed_migrations))
         limit = options.get("limit")
         commit_id = options.get("commit_id")
-        from idem_platform.read.table import read_table
 
         url = self.postgres.resolved_url
         check_cluster_reach(self.spark.master, url)

@@ -8,6 +8,7 @@ once through the same write path as an ingest.
 """
 
 
+import uuid
 from typing import Any
 
 import dagster as dg
@@ -18,6 +19,7 @@ from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.errors import ConfigError
 from idem_platform.pipeline.ingest import check_cluster_reach
+from idem_platform.pipeline.retry import retry_rejects
 from idem_platform.redact import secrets_kept
 
 
@@ -65,7 +67,6 @@ def build_retry_job(
     idem_config: IdemConfig, connector: ConnectorConfig, resource_keys: ResourceKeys = DEFAULT_KEYS
 ) -> dg.JobDefinition:
     """The connector's ``<connector>_retry_rejects`` job (on ``resource_keys``' database)."""
-    from idem_platform.pipeline.retry import retry_rejects
 
     @dg.op(
         name=retry_op_name(connector),
@@ -80,7 +81,6 @@ def build_retry_job(
     )
     def retry(context: dg.OpExecutionContext, config: RetryRejectsConfig) -> dg.Output[dict[str, Any]]:
         postgres, spark = resource_keys.postgres_of(context), resource_keys.spark_of(context)
-        import uuid
 
         try:
             commit_id = str(uuid.UUID(config.commit_id)) if config.commit_id else None

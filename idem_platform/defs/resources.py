@@ -26,6 +26,7 @@ from idem_platform.defs.storage import pool_storage_connections
 from idem_platform.postgres import connect, ensure_schema, resolve_postgres_url
 from idem_platform.redact import remember_url, secrets_kept
 from idem_platform.settings import POSTGRES_URL_ENV
+from idem_platform.spark.session import build_session, warm_up
 
 POSTGRES_KEY = "idem_postgres"
 SPARK_KEY = "idem_spark"
@@ -187,8 +188,6 @@ class SparkResource(dg.ConfigurableResource):
     def spark_session(self) -> Any:
         """The run's ``SparkSession``, built on first use and kept for the process."""
         if self._session is None:
-            from idem_platform.spark.session import build_session
-
             self._session = build_session({k: str(v) for k, v in self.spark_config.items()})
         return self._session
 
@@ -201,8 +200,6 @@ class SparkResource(dg.ConfigurableResource):
         # need Spark, so start it now, in the background, while the first steps run.
         run = context.dagster_run
         if run is not None and WARM_UP_TAG in run.tags:
-            from idem_platform.spark.session import warm_up
-
             warm_up({k: str(v) for k, v in self.spark_config.items()})
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:

@@ -24,7 +24,12 @@ import dagster as dg
 
 from idem_platform.config import IdemConfig
 from idem_platform.defs.io_managers import SparkPlanIOManager, TableIOManager, WarehouseIOManager
-from idem_platform.defs.resources import ConfigsByTable, PostgresResource, ResourceKeys, SparkResource
+from idem_platform.defs.resources import (
+    ConfigsByTable,
+    PostgresResource,
+    ResourceKeys,
+    SparkResource,
+)
 
 T = TypeVar("T")
 

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import dagster as dg
 import psycopg
+from psycopg import sql
 
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec
@@ -34,7 +35,7 @@ from idem_platform.defs.connector.names import asset_keys
 from idem_platform.defs.resources import DEFAULT_KEYS, TABLE_IO_MANAGER_KEY, ResourceKeys
 from idem_platform.errors import ConfigError
 from idem_platform.postgres.schema import SCHEMA
-from idem_platform.postgres.tables import effective_spec, existing_columns
+from idem_platform.postgres.tables import effective_spec, existing_columns, table_ident
 
 TABLE_IO_MANAGER = TABLE_IO_MANAGER_KEY  # the default database's (ResourceKeys.table_io_manager)
 TABLE_GROUP = "idem_tables"
@@ -215,9 +216,6 @@ def count_rows(conn: psycopg.Connection, record_type: str, *, exact_max_bytes: i
     big table that was never analyzed has no density yet (only right after its first,
     big, commit): it is counted exactly, which costs a fraction of that commit.
     """
-    from psycopg import sql
-
-    from idem_platform.postgres.tables import table_ident
 
     stats = conn.execute(
         """

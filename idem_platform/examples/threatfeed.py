@@ -18,6 +18,7 @@ from typing import Any
 
 import dagster as dg
 from pyspark.sql import DataFrame  # at run time: Dagster checks the input's type against it
+from pyspark.sql import functions as F
 
 from idem_platform.config import IdemConfig
 from idem_platform.defs.definitions import build_definitions
@@ -39,7 +40,6 @@ def daily_confidence(indicators: DataFrame) -> DataFrame:
     ``spark.sql.session.timeZone=UTC``). Pure DataFrame operations: the work runs on the
     executors, and the result has one row per day.
     """
-    from pyspark.sql import functions as F
 
     confidence = F.col("confidence")
     band = F.when(confidence.isNull(), F.lit("unknown"))

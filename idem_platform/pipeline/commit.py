@@ -114,6 +114,7 @@ def _postgres_error(name: str, message: str, url: str | None = None) -> errors.I
 
 def error_from_spark(exc: BaseException, url: str | None = None) -> errors.IdemError:
     """The idem error behind a Spark job failure: the class an executor raised, else a transient error."""
+    # Late import (pulls in PySpark): off idem --help's imports (the CLI imports this module).
     from idem_platform.spark.remote import lost_server
 
     text = str(exc)
@@ -361,6 +362,7 @@ def _stage_and_apply(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stage the slices in Spark while the applying transaction streams each one in,
     then finish it. Returns the commit's result and the staging's own timings."""
+    # Late import (pulls in PySpark): off idem --help's imports (the CLI imports this module).
     from idem_platform.spark.stage import StagingJobs
 
     with (

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from idem_platform import errors
-from idem_platform.coercion.records import RecordSpec
+from idem_platform.coercion.records import RecordSpec, coerce_batches
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.contract.catalog import TableSpec
 from idem_platform.ledger import Ledger, LedgerEntry
@@ -29,6 +29,9 @@ from idem_platform.postgres.tables import (
     existing_columns,
     sync_tables,
 )
+from idem_platform.sources.filedrop.files import hash_file
+from idem_platform.sources.filedrop.plan import batch_of_files
+from idem_platform.sources.kafka.ranges import plan_kafka
 from idem_platform.write.batch import SourceBatch, Unit
 
 if TYPE_CHECKING:
@@ -45,8 +48,6 @@ def read_ledger(url: str, namespace: str, keys: list[str]) -> dict[str, LedgerEn
 
 def plan_files(url: str, connector: ConnectorConfig, paths: Sequence[str | Path]) -> SourceBatch:
     """Hash every file (chunked) and split the batch into pending files and replays."""
-    from idem_platform.sources.filedrop.files import hash_file
-    from idem_platform.sources.filedrop.plan import batch_of_files
 
     hashed = [hash_file(p, max_split_bytes=connector.split_bytes) for p in dict.fromkeys(Path(p).resolve() for p in paths)]
     entries = read_ledger(url, connector.name, sorted({f.key for f in hashed}))
@@ -76,7 +77,6 @@ def plan_batch(
     if connector.kind == "kafka":
         if paths:
             raise errors.ConfigError(f"connector {connector.name!r} reads Kafka topics, not files")
-        from idem_platform.sources.kafka.ranges import plan_kafka
 
         return plan_kafka(url, connector, ranges)
     if ranges:
@@ -124,6 +124,7 @@ def record_spec(connector: ConnectorConfig, tables: dict[str, TableSpec], units:
 
 def records_frame(spark: SparkSession, batch: SourceBatch, connector: ConnectorConfig) -> DataFrame:
     """The ``ingest`` frame: one row per raw record of the pending units (lazy)."""
+    # Late import (pulls in PySpark): off idem --help's imports (the CLI imports this module).
     from idem_platform.spark.records_source import batch_option
     from idem_platform.spark.session import register_sources
 
@@ -137,9 +138,8 @@ def records_frame(spark: SparkSession, batch: SourceBatch, connector: ConnectorC
 
 def coerced_frame(records: DataFrame, spec: RecordSpec) -> DataFrame:
     """The ``coerced`` frame: ``mapInArrow`` of the coercion over the records (lazy)."""
+    # Late import (PySpark): off idem --help's imports (the CLI imports this module).
     from pyspark.sql.pandas.types import from_arrow_schema
-
-    from idem_platform.coercion.records import coerce_batches
 
     def coerce(batches: Any) -> Any:
         return coerce_batches(batches, spec)
@@ -153,6 +153,7 @@ def check_cluster_reach(master: str, url: str) -> None:
     Raises:
         EmbeddedPostgresError: naming ``IDEM_POSTGRES_URL``.
     """
+    # Late import (pulls in PySpark): off idem --help's imports (the CLI imports this module).
     from idem_platform.spark.session import is_local_master
 
     if not is_local_master(master) and is_unix_socket_url(url):

@@ -16,10 +16,14 @@ in the ledger and tries nothing: it writes nothing and says so.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
+from idem_platform.coercion.records import coerce_batch
 from idem_platform.config import ConnectorConfig, IdemConfig
 from idem_platform.pipeline.commit import CommitRequest, commit_batch
 from idem_platform.pipeline.ingest import (
@@ -127,11 +131,6 @@ def dry_run_counts(spark: SparkSession, coerced: CoercedBatch) -> tuple[int, int
     the coercion the commit runs (:func:`~idem_platform.coercion.records.coerce_batch`,
     same spec), and returns two numbers. No row crosses the JVM and nothing is staged.
     """
-    import dataclasses
-
-    import pyarrow as pa
-
-    from idem_platform.coercion.records import coerce_batch
 
     batch = coerced.batch
     if not batch.slices:

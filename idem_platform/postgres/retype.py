@@ -40,6 +40,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from idem_platform.coercion.converters import FieldError, converter_for
+from idem_platform.contract.canonical import InvalidJSON, parse_and_canonicalize
 from idem_platform.contract.catalog import (
     PROMOTABLE_KINDS,
     Column,
@@ -94,7 +96,6 @@ def text_as_json(text: str) -> Any:
     """A promoted column's text read as JSON: a JSON number, ``true`` or ``false`` is that
     value (as the contract's parser reads it: ``1e400`` is none); any other text is the
     string itself (an RFC 3339 timestamp, ``n/a``, ``"42"`` with its quotes)."""
-    from idem_platform.contract.canonical import InvalidJSON, parse_and_canonicalize
 
     if text == "true":
         return True
@@ -115,7 +116,6 @@ def reference_cast(kind: str, text: str) -> Any:
     applied to :func:`text_as_json`; timestamps rounded to microseconds half up, as
     the ingest path stores them. ``idem.promote_<kind>`` computes the same in SQL.
     """
-    from idem_platform.coercion.converters import FieldError, converter_for
 
     try:
         value = converter_for(Column("value", ColumnType(kind)))(text_as_json(text))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import adbc_driver_manager
+import adbc_driver_postgresql.dbapi as adbc
 import psycopg
 import pyarrow as pa
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -53,8 +55,6 @@ def read_rows(plan: ReadPlan, index: int, schema: pa.Schema) -> Iterator[pa.Reco
             read fails like every other PostgreSQL failure of idem, on the driver or in
             an executor.
     """
-    import adbc_driver_manager
-    import adbc_driver_postgresql.dbapi as adbc
 
     query = plan.query(index).as_string(None)
     try:

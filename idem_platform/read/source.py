@@ -20,10 +20,12 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from idem_platform.read.plan import ReadPlan
-from idem_platform.read.upgrade import KEEP, RAISE, SKIP
+from idem_platform.read.render import RENDERED_DDL, rendered_partition
+from idem_platform.read.upgrade import KEEP, RAISE, SKIP, upgraded_partition
 
 NAME = "idem_table"
 
@@ -35,11 +37,8 @@ def plan_option(plan: ReadPlan) -> str:
 
 def spark_schema(plan: ReadPlan, *, render: bool = False) -> StructType:
     """The frame's Spark schema (``render``: ``idem read``'s lines, :data:`~idem_platform.read.render.RENDERED_DDL`)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     if render:
-        from idem_platform.read.render import RENDERED_DDL
-
         rendered = StructType.fromDDL(RENDERED_DDL)
         assert isinstance(rendered, StructType)  # a list of columns parses to a struct (typed DataType)
         return rendered
@@ -56,8 +55,6 @@ class KeyRange(InputPartition):
 
 class TableReader(DataSourceReader):
     def __init__(self, plan: ReadPlan, mode: str, schema: StructType, *, render: bool = False) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         self.plan = plan
         self.mode = mode
         self.render = render
@@ -72,9 +69,6 @@ class TableReader(DataSourceReader):
         return self._read(partition.index)
 
     def _read(self, index: int) -> Iterator[pa.RecordBatch]:
-        from idem_platform.read.render import rendered_partition
-        from idem_platform.read.upgrade import upgraded_partition
-
         # Rendered in the same pass: no second trip through Python.
         batches = (rendered_partition if self.render else upgraded_partition)(self.plan, index, self.mode)
         for batch in batches:

@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from pyspark.sql import functions as F
+
 from idem_platform.config import IdemConfig
 from idem_platform.migrations import MigrationFailed
-from idem_platform.read.plan import ERROR_COLUMN, ReadPlan
+from idem_platform.pipeline.ingest import check_cluster_reach
+from idem_platform.read.plan import ERROR_COLUMN, ORDER, ReadPlan
 from idem_platform.read.planner import plan_read
-from idem_platform.read.source import source_frame
+from idem_platform.read.source import register, source_frame
 from idem_platform.read.upgrade import KEEP, RAISE, SKIP
 
 if TYPE_CHECKING:
@@ -70,7 +74,6 @@ class TableRead:
             return 0
         if self.plan is None or self.spark is None:
             raise ValueError("count_skipped needs the plan and session of read_table()")
-        from pyspark.sql import functions as F
 
         # Only old rows can fail: read just those, unless a limit decides which rows are read.
         plan = replace(self.plan, only_old=True) if self.plan.limit is None else self.plan
@@ -113,7 +116,6 @@ def read_table(
         ConfigError: unknown record type, migration modules that cannot be imported.
         MigrationChainError: a broken chain.
     """
-    from idem_platform.pipeline.ingest import check_cluster_reach
 
     config.chains()
     check_cluster_reach(_master(spark), url)
@@ -198,7 +200,6 @@ def read_lines(read: TableRead, *, skip_failed: bool = False) -> Iterator[str | 
     Raises:
         MigrationFailed: a row's migration failed (without ``skip_failed``).
     """
-    from idem_platform.read.plan import ORDER
 
     plan, spark = read.plan, read.spark
     assert plan is not None and spark is not None
@@ -217,9 +218,6 @@ def read_lines(read: TableRead, *, skip_failed: bool = False) -> Iterator[str | 
 def _partitions_in_order(spark: SparkSession, plan: ReadPlan, mode: str) -> Iterator[Any]:
     """Each partition's rendered lines as an Arrow table, in partition order, with up to one
     Spark job per slot running ahead."""
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    from idem_platform.read.source import register
 
     register(spark)  # once, before the threads
 

@@ -39,6 +39,8 @@ from idem_platform.coercion.records import _for_spark
 from idem_platform.contract.canonical import InvalidJSON, canonical_value_bytes, parse_json_slow
 from idem_platform.contract.catalog import Column
 from idem_platform.migrations import Chains, MigrationFailed
+from idem_platform.postgres.retype import reference_cast
+from idem_platform.read.decode import read_rows
 from idem_platform.read.plan import ERROR_COLUMN, ConnectorRules, ReadPlan
 
 RAISE, SKIP, KEEP = "raise", "skip", "keep"  # what a failing row does to the read
@@ -68,7 +70,6 @@ def json_text(value: Any) -> str:
 def upgraded_partition(plan: ReadPlan, index: int, mode: str = RAISE) -> Iterator[pa.RecordBatch]:
     """Partition ``index`` of the plan in the current shape: its non-empty batches, old rows
     upgraded (:func:`upgrade_batch`). What the ``idem_table`` source yields on an executor."""
-    from idem_platform.read.decode import read_rows
 
     for batch in read_rows(plan, index, plan.arrow_schema()):
         upgraded = upgrade_batch(batch, plan, mode)
@@ -219,8 +220,6 @@ class _Upgrade:
                 texts[column.name] = array.to_pylist()
             out[column.name] = _frame_array(array, column.arrow)
         for catalog in plan.spec.promoted_columns():
-            from idem_platform.postgres.retype import reference_cast
-
             assert catalog.promoted is not None and catalog.typed_column is not None
             kind = catalog.promoted.kind
             cast = [None if text is None else reference_cast(kind, text) for text in texts[catalog.name]]

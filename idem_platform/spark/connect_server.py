@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from idem_platform.errors import ConfigError
+from idem_platform.redact import url_secrets
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DAEMON_MODULE = "idem_platform.spark.daemon"  # the server's Python worker daemon (local masters)
@@ -95,6 +96,7 @@ class ServerState:
 
 def spark_home() -> Path:
     """The installed ``pyspark`` package (it carries ``bin/`` and ``jars/``)."""
+    # Late import (PySpark): off idem --help's imports (idem spark stop/status need none).
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
@@ -209,6 +211,7 @@ def start(
 def server_settings(master: str, port: int, conf: dict[str, str]) -> dict[str, str]:
     """The ``--conf`` settings of a server on ``port``: idem's session defaults, ``conf``,
     and what keeps it private (loopback addresses; its token is not among them)."""
+    # Late import (pulls in PySpark): off idem --help's imports (idem spark stop/status need none).
     from idem_platform.spark.session import DEFAULT_CONF, driver_java_options, is_local_master
 
     settings = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.master"}
@@ -264,7 +267,6 @@ _SECRET_NAME = re.compile(r"^(IDEM_POSTGRES_URL|IDEM_SPARK_REMOTE|PGPASSWORD|PGP
 
 def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` less what the server's workers (any client's code) must not read."""
-    from idem_platform.redact import url_secrets
 
     return {
         name: value for name, value in environ.items()
@@ -321,6 +323,7 @@ def fingerprint(master: str, conf: dict[str, str]) -> str:
     """What a server must have been started with to serve a run: its master, its settings,
     PySpark's version and idem's code (every module's size and mtime: the server's Python
     workers imported the code as it was when they started)."""
+    # Late import (PySpark): off idem --help's imports (idem spark stop/status need none).
     import pyspark
 
     package = Path(__file__).resolve().parents[1]
@@ -410,6 +413,7 @@ def _hold(directory: Path) -> None:
 def warm(url: str) -> None:
     """Start the server's Python workers (one per slot) with idem's staging modules imported,
     so the first run's first job does not pay for them."""
+    # Late import (pulls in PySpark): off idem --help's imports (idem spark stop/status need none).
     from idem_platform.spark.session import build_session, touch_workers
 
     touch_workers(build_session({"spark.remote": url}))

@@ -6,7 +6,13 @@ the staging sink (which turns a lost server into one line).
 
 from __future__ import annotations
 
+import re
+import socket
+from urllib.parse import urlsplit
+
+import grpc
 from pyspark.sql import SparkSession
+from pyspark.sql.connect.client.retries import DefaultPolicy
 
 # A server that does not answer is retried this many times, with waits of 0.05, 0.2, 0.8,
 # 3.2, 5 and 5 s (~15 s in all): PySpark's default retries for ~10 minutes, and again for
@@ -20,9 +26,6 @@ def bound_retries(spark: SparkSession, url: str) -> None:
     """Bound how long ``spark`` (a Connect session of ``url``) retries a server that does not
     answer: a server on this machine whose port refuses connections is dead, and fails the
     call at once; any other server is retried for ~15 s (:data:`CONNECT_RETRIES`)."""
-    from urllib.parse import urlsplit
-
-    from pyspark.sql.connect.client.retries import DefaultPolicy
 
     location = urlsplit(url.split(";")[0].replace("sc://", "http://", 1))
     host = location.hostname or "localhost"
@@ -39,9 +42,6 @@ def bound_retries(spark: SparkSession, url: str) -> None:
 def lost_server(exc: BaseException) -> str | None:
     """Why the Connect server did not answer (gRPC's ``UNAVAILABLE`` details, one line), if
     that is how ``exc`` (or an exception it came from) failed; else ``None``."""
-    import re
-
-    import grpc
 
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -56,8 +56,6 @@ def lost_server(exc: BaseException) -> str | None:
 
 
 def _accepts(host: str, port: int) -> bool:
-    import socket
-
     try:
         with socket.create_connection((host, port), timeout=1.0):
             return True

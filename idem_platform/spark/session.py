@@ -20,9 +20,13 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from idem_platform.errors import ConfigError
 from idem_platform.settings import spark_remote_from_environment
+from idem_platform.spark.cds import java_options
+from idem_platform.spark.records_source import SourceRecordsSource
 from idem_platform.spark.remote import bound_retries
 from idem_platform.spark.slots import is_remote, task_slots
 
@@ -57,7 +61,6 @@ def driver_java_options(existing: str | None, *, long_lived: bool = False) -> st
 
     Returns ``None`` when nothing needs to change.
     """
-    from idem_platform.spark.cds import java_options
 
     options = existing
     if not long_lived and (not options or "Tiered" not in options):
@@ -99,7 +102,6 @@ _register_lock = threading.Lock()
 
 def register_sources(spark: SparkSession) -> SparkSession:
     """Register idem's Python data source on ``spark``, once per session."""
-    from idem_platform.spark.records_source import SourceRecordsSource
 
     with _register_lock:
         if spark not in _registered:
@@ -156,7 +158,6 @@ def _build(conf: Mapping[str, str] | None = None, *, long_lived: bool = False) -
     except Exception as exc:
         if "JAVA_GATEWAY_EXITED" not in str(exc):
             raise
-        from idem_platform.errors import ConfigError
 
         raise ConfigError(
             f"Spark did not start with spark.master {settings.get('spark.master')!r}: its JVM exited. Check the "
@@ -201,8 +202,6 @@ def touch_workers(spark: SparkSession) -> None:
     """
     slots = task_slots(spark)
     if is_remote(spark):
-        import pyarrow as pa
-
         def touch_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             import idem_platform.spark.stage  # noqa: F401 - the import is the warm-up
 

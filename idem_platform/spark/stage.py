@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import TaskContext
 
 from idem_platform.coercion.records import DirectRows, RepeatedLines, coerce_batch
 from idem_platform.errors import TransientError
@@ -57,7 +58,6 @@ def stage_slice(indexes: Iterable[int], url: str, plan: CommitPlan) -> Iterator[
 
     The message is ``(what was staged, seconds, Spark's attempt number)``.
     """
-    from pyspark import TaskContext
 
     started = time.monotonic()
     attempt = new_attempt_id()

@@ -18,7 +18,6 @@ from idem_platform.pipeline.ingest import CoercedBatch, current_tables
 from idem_platform.write.batch import SourceBatch
 
 
-
 def table_definitions(idem_config: IdemConfig, connector: ConnectorConfig) -> dict[str, dg.MetadataValue]:
     """What ``committed`` writes, shown before its first run: the tables and their declared columns."""
     specs = idem_config.tables_for(connector)

@@ -7,10 +7,13 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
+import pandas as pd
+import pandera.pandas as pa
 import psycopg
 import pyarrow
 import pyarrow.compute as pc
 from dagster import PreviewWarning
+from pandera.errors import SchemaErrors
 
 from idem_platform.config import ConnectorConfig
 from idem_platform.contract.catalog import TableSpec
@@ -57,8 +60,6 @@ def pandera_schema(spec: TableSpec, *, spark: bool = True) -> "pa.DataFrameSchem
     only this check needs it. Arrow-backed text is also checked by its dtype, not value
     by value (an ``object`` column cost ~1 ms a column even when every value passes).
     """
-    import pandas as pd
-    import pandera.pandas as pa
 
     text = pd.ArrowDtype(pyarrow.string())
     columns: dict[str, pa.Column] = {
@@ -85,7 +86,6 @@ def contract_frame(rows: pyarrow.Table, record_type: str, spec: TableSpec) -> "p
     integer column, no nanosecond ``datetime64`` for a timestamp, so every value of
     every catalog type's range reaches pandera as it was coerced.
     """
-    import pandas as pd
 
     typed = rows.column(record_type).combine_chunks().flatten()
     table = pyarrow.Table.from_arrays(
@@ -161,7 +161,6 @@ def _pandera_contract_check(
                 continue
             frame = contract_frame(rows, record_type, spec)
             checked[record_type] = rows.num_rows
-            from pandera.errors import SchemaErrors
 
             try:
                 pandera_schema(spec, spark=record_spec.spark_types).validate(frame, lazy=True)

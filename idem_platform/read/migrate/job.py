@@ -16,6 +16,7 @@ from idem_platform.migrations import Chains, MigrationFailed
 from idem_platform.read.migrate.counts import step_counts
 from idem_platform.read.migrate.errors import MigrateError, MigrateLockTimeout
 from idem_platform.read.migrate.task import EXAMPLES, OUTPUT_DDL, MigrateTask
+from idem_platform.read.table import migration_errors
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,7 +49,6 @@ class JobOutcome:
 
 def run_job(spark: SparkSession, task: MigrateTask) -> JobOutcome:
     """One Spark job: a task per key range; the driver only adds up what they report."""
-    from idem_platform.read.table import migration_errors
 
     ranges = max(task.read.partitions, 1)
     frame = spark.range(0, ranges, 1, ranges).mapInArrow(task.run, OUTPUT_DDL)

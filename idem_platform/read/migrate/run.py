@@ -16,6 +16,7 @@ from psycopg import sql
 
 from idem_platform.config import IdemConfig
 from idem_platform.errors import ConfigError
+from idem_platform.pipeline.ingest import check_cluster_reach
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.tables import table_ident
 from idem_platform.read.migrate.counts import count_entry, selected_types
@@ -25,6 +26,7 @@ from idem_platform.read.migrate.report import build_report
 from idem_platform.read.migrate.task import MigrateTask
 from idem_platform.read.planner import plan_read
 from idem_platform.read.upgrade import KEEP, RAISE
+from idem_platform.spark.slots import task_slots
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -68,8 +70,6 @@ def migrate(
         ConfigError: an unknown record type, a bad ``batch_rows``.
         MigrationChainError: a broken chain.
     """
-    from idem_platform.pipeline.ingest import check_cluster_reach
-    from idem_platform.spark.slots import task_slots
 
     if batch_rows < 1:
         raise ConfigError(f"batch rows must be at least 1 (got {batch_rows})")

@@ -21,9 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from idem_platform.faults import checkpoint
+from idem_platform.read.decode import read_rows
 from idem_platform.read.migrate.errors import MigrateError
 from idem_platform.read.migrate.writer import FROM_VERSION, BatchWriter
 from idem_platform.read.plan import ERROR_COLUMN, ReadColumn, ReadPlan
+from idem_platform.read.upgrade import upgrade_batch
 
 EXAMPLES = 5  # failed rows shown per run (skip_failed)
 ERROR_CHARS = 500
@@ -85,8 +87,6 @@ class MigrateTask:
 
     def migrate_range(self, index: int) -> Iterator[pa.RecordBatch]:
         """Read, upgrade and write back the old rows of key range ``index``; yields the counts."""
-        from idem_platform.read.decode import read_rows
-        from idem_platform.read.upgrade import upgrade_batch
 
         plan = self.read
         current = plan.current_version

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pgpq
+import pgpq.encoders
+import pgpq.schema
 import psycopg
 import pyarrow as pa
 from psycopg import sql
@@ -44,10 +47,6 @@ class BatchWriter:
     def __init__(
         self, read: ReadPlan, writes: Sequence[ReadColumn], lock_timeout_seconds: float, schema: pa.Schema
     ) -> None:
-        import pgpq
-        import pgpq.encoders
-        import pgpq.schema
-
         self.read = read
         self.lock_timeout_seconds = lock_timeout_seconds
         self.schema = schema

@@ -52,6 +52,7 @@ def reader_settings(connector: KafkaConnector) -> dict[str, Any]:
 
 def consumer(settings: dict[str, Any]) -> Any:
     """A ``confluent_kafka.Consumer`` whose log lines go to :data:`LOG`."""
+    # Late import (confluent_kafka): off idem --help's imports and file-only runs'.
     from confluent_kafka import Consumer
 
     return Consumer(settings, logger=LOG)
@@ -94,6 +95,7 @@ def describe_partitions(
     Raises:
         KafkaError: the brokers cannot be reached within ``timeout``.
     """
+    # Late import (confluent_kafka): off idem --help's imports and file-only runs'.
     from confluent_kafka import KafkaException, TopicPartition
 
     wanted = set(only) if only is not None else None

@@ -24,6 +24,7 @@ import psycopg
 
 from idem_platform.errors import SourceMoved
 from idem_platform.postgres.schema import SCHEMA
+from idem_platform.sources.kafka.client import consumer
 
 GROUP_COMMIT_TIMEOUT_SECONDS = 10.0
 
@@ -168,9 +169,8 @@ class OffsetAdvance:
 
 def commit_to_group(settings: dict[str, Any], group: str, offsets: list[tuple[str, int, int]]) -> None:
     """Commit ``(topic, partition, next offset)`` to ``group`` without joining it."""
+    # Late import (confluent_kafka): off idem --help's imports and file-only runs'.
     from confluent_kafka import TopicPartition
-
-    from idem_platform.sources.kafka.client import consumer
 
     # session.timeout.ms bounds how long a commit waits for a coordinator (45 s by default).
     client = consumer({**settings, "group.id": group, "session.timeout.ms": 6000})

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from idem_platform.coercion.records import RAW_CAP
 from idem_platform.errors import KafkaError, OffsetGapError
+from idem_platform.sources.kafka.client import consumer as new_consumer
 from idem_platform.write.batch import RECORDS_SCHEMA
 
 MESSAGES_PER_POLL = 5000
@@ -99,10 +100,9 @@ def read_range(piece: KafkaSlice, unit_index: int, end: int, *, max_record_bytes
         KafkaError: the broker failed, or the range stopped advancing for
             ``read_timeout_seconds`` (broker down, a transaction left open).
     """
+    # Late import (confluent_kafka): off idem --help's imports and file-only runs'.
     from confluent_kafka import KafkaError as RdKafkaError
     from confluent_kafka import TopicPartition
-
-    from idem_platform.sources.kafka.client import consumer as new_consumer
 
     if end <= piece.start:
         return

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from idem_platform.errors import TransientError
+from idem_platform.postgres.connection import connect
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.write.batch import RECORDS_SCHEMA
 
@@ -80,7 +81,6 @@ def read_rejects(piece: RejectsSlice, index_of: Mapping[str, int], *, limit: int
         TransientError: rows of the plan are gone (deleted since it was planned): the
             commit would mark rejects it never tried, so nothing may commit.
     """
-    from idem_platform.postgres.connection import connect
 
     order = piece.unit_ids
     position = {unit: i for i, unit in enumerate(order)}
