@@ -67,6 +67,15 @@ def record_key(connector: str, record_type: str, ext_id: str, digest: str) -> st
     return key
 
 
+def record_keys(connector: str, record_types: list[str], ext_ids: list[str], digests: list[str]) -> list[str]:
+    """:func:`record_key` of each record of a batch: the same keys, built a batch at a time
+    (a key is hashed only when one is too long or an ext_id is not printable)."""
+    keys = [f"{connector}:{t}:{e}:{d[:12]}" for t, e, d in zip(record_types, ext_ids, digests, strict=True)]
+    if max(map(len, keys), default=0) > MAX_KEY_LENGTH or not all(map(str.isprintable, ext_ids)):
+        keys = list(map(record_key, [connector] * len(keys), record_types, ext_ids, digests))
+    return keys
+
+
 def record_key_of(connector: str, record_type: str, ext_id: str, canonical: bytes) -> str:
     """Convenience: the record key straight from canonical bytes."""
     return record_key(connector, record_type, ext_id, content_hash(canonical))
