@@ -592,18 +592,19 @@ def _fill_tables(state: _Batch, facts: native.LineFacts, lines: list[int], rows:
 def _remember(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines, rows: list[int]) -> None:
     """This batch's kept lines into the memories: a direct row's for good (its record type),
     a row's provisionally (its row, settled with the row: ``state.fresh``)."""
-    seen_lines, seen_keys, raws, keys, fresh = repeats.seen, repeats.keys, state.raws, state.keys, state.fresh
-    for i, fate in enumerate(state.fate):
-        if fate == _DIRECT:
-            seen_keys[keys[i]] = seen_lines[raws[i]] = facts.types[i]  # type: ignore[index, assignment]
-        elif fate == _ROW:
-            key, row = keys[i], rows[i]
-            seen_keys[key] = row  # type: ignore[index]
-            if _positional(state, facts, i):
-                fresh.append((None, key, row))  # type: ignore[arg-type]
-            else:
-                seen_lines[raws[i]] = row  # type: ignore[index]
-                fresh.append((raws[i], key, row))  # type: ignore[arg-type]
+    seen_lines, seen_keys, raws, keys, fresh, types = repeats.seen, repeats.keys, state.raws, state.keys, state.fresh, facts.types
+    fates = np.frombuffer(state.fate, dtype=np.uint8)
+    for i in np.flatnonzero(fates == _DIRECT).tolist():
+        seen_keys[keys[i]] = seen_lines[raws[i]] = types[i]  # type: ignore[index, assignment]
+    positional_ids = state.spec.missing_id == "position"
+    for i in np.flatnonzero(fates == _ROW).tolist():
+        key, row = keys[i], rows[i]
+        seen_keys[key] = row  # type: ignore[index]
+        if positional_ids and _positional(state, facts, i):
+            fresh.append((None, key, row))  # type: ignore[arg-type]
+        else:
+            seen_lines[raws[i]] = row  # type: ignore[index]
+            fresh.append((raws[i], key, row))  # type: ignore[arg-type]
 
 
 def _direct_rows(state: _Batch, facts: native.LineFacts, direct: DirectRows) -> None:
