@@ -398,8 +398,8 @@ def _decide_lines(state: _Batch, facts: native.LineFacts) -> None:
         parse(i)
     for i in np.flatnonzero(kinds == 1).tolist():
         identify(i)
-    direct = np.flatnonzero(kinds >= 2).tolist()
-    if direct:
+    direct = np.flatnonzero(kinds >= 2)
+    if len(direct):
         _decide_direct(state, facts, direct, identify)
     fates = np.frombuffer(state.fate, dtype=np.uint8)
     keyed = np.flatnonzero((fates == _ROW) | (fates == _DIRECT)).tolist()
@@ -408,8 +408,9 @@ def _decide_lines(state: _Batch, facts: native.LineFacts) -> None:
             state.spec.connector, [facts.types[i] for i in keyed], [facts.ids[i] for i in keyed],  # type: ignore[misc]
             [facts.digests[i] for i in keyed],  # type: ignore[misc]
         )
-        for i, key in zip(keyed, keys, strict=True):
-            state.keys[i] = key
+        per_line = np.full(len(state.raws), None, dtype=object)
+        per_line[keyed] = keys
+        state.keys = per_line.tolist()
 
 
 def _line_parser(state: _Batch, facts: native.LineFacts) -> Callable[[int], None]:
@@ -459,19 +460,27 @@ def _identifier(state: _Batch, facts: native.LineFacts) -> Callable[[int], None]
     version_field, declared, migrations = spec.version_field, spec.declared_version, spec.migrations
     prefixes = [prefix for prefix, _ in spec.units]
     records, digests, types, ids, fate, errors = facts.records, facts.digests, facts.types, facts.ids, state.fate, state.errors
+    positional = state.positional
 
     def identify(i: int) -> None:
         record, digest = records[i], digests[i]
         assert record is not None and digest is not None
         try:
-            record_type = fixed_type if fixed_type is not None else rules.route(record, type_field, tables)
+            # The common cases inline (a type of the connector, a plain id, no version stated or
+            # declared): every other value goes to the rule itself, which decides it.
+            record_type = fixed_type if fixed_type is not None else record.get(type_field)  # type: ignore[arg-type]
+            if type(record_type) is not str or record_type not in tables:
+                record_type = rules.route(record, type_field, tables)
             ext_id = record.get(id_field)
             if type(ext_id) is not str or not ext_id:  # numbers, missing or empty ids, objects: the exact rules
                 ext_id = rules.ext_id(record, id_field, missing_id, f"{prefixes[units[i]]}{offsets[i]}", digest)
-            current = currents[record_type]
-            version = rules.stated_version(record, version_field, declared, current)
-            if version is not None:
-                upgraded[i] = rules.upgrade(record, record_type, version, current, version_field, migrations)
+                if rules.positional(record, id_field, missing_id):
+                    positional.add(i)
+            if declared is not None or record.get(version_field) is not None:
+                current = currents[record_type]
+                version = rules.stated_version(record, version_field, declared, current)
+                if version is not None:
+                    upgraded[i] = rules.upgrade(record, record_type, version, current, version_field, migrations)
         except rules.Reject as reject:
             fate[i] = _REJECT
             errors[i] = json.dumps(reject.errors, ensure_ascii=False)
@@ -482,24 +491,28 @@ def _identifier(state: _Batch, facts: native.LineFacts) -> Callable[[int], None]
     return identify
 
 
-def _decide_direct(state: _Batch, facts: native.LineFacts, lines: list[int], identify: Callable[[int], None]) -> None:
+def _decide_direct(state: _Batch, facts: native.LineFacts, lines: np.ndarray, identify: Callable[[int], None]) -> None:
     """Lines with direct facts (a plain record: its type, a plain id, no stated version, its
     typed columns): direct rows, unless a rule needs the record (unknown fields its contract
     does not drop, a declared version): then its record is read and it is decided as any."""
-    spec, types, kinds = state.spec, facts.types, facts.kinds
+    spec, types = state.spec, facts.types
     if spec.record_type is not None:
-        for i in lines:
-            types[i] = spec.record_type
-    contracts = {name: table.contract for name, table in state.tables.items()}
+        fixed = np.asarray(types, dtype=object)
+        fixed[lines] = spec.record_type
+        types[:] = fixed.tolist()
+    kinds = np.frombuffer(facts.kinds, dtype=np.uint8)
+    if spec.declared_version is not None:
+        need = lines
+    else:  # unknown fields (kind 3) matter unless the type's contract drops them
+        unknown = lines[kinds[lines] == 3].tolist()
+        need = np.asarray([i for i in unknown if state.tables[types[i]].contract != rules.DROP], dtype=np.int64)
+    np.frombuffer(state.fate, dtype=np.uint8)[lines] = _DIRECT
     shallow = _shallow_fields(spec)
-    for i in lines:
-        if (kinds[i] == 3 and contracts[types[i]] != rules.DROP) or spec.declared_version is not None:  # type: ignore[index]
-            got = native.canonical_line(state.raws[i], shallow)  # type: ignore[misc, arg-type]
-            assert got is not None  # the line parsed once already
-            facts.records[i], _, facts.digests[i] = got
-            identify(i)
-        else:
-            state.fate[i] = _DIRECT
+    for i in need.tolist():
+        got = native.canonical_line(state.raws[i], shallow)  # type: ignore[misc]
+        assert got is not None  # the line parsed once already
+        facts.records[i], _, facts.digests[i] = got
+        identify(i)
 
 
 def _repeat_lines(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines) -> None:
@@ -521,7 +534,7 @@ def _repeat_lines(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines
         known = seen_get(key)
         if known is None:
             seen_keys[key] = i  # this batch's line: its row once numbered
-            if tracked is not None and not _positional(state, facts, i):
+            if tracked is not None and i not in state.positional:
                 tracked.setdefault(state.raws[i], i)
         elif type(known) is int:
             _repeat_of(state, facts, repeats, i, known)
@@ -539,11 +552,6 @@ def _repeat_of(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines, i
     else:
         state.fate[i] = _IN_BATCH
         state.first[i] = first
-
-
-def _positional(state: _Batch, facts: native.LineFacts, i: int) -> bool:
-    record = facts.records[i]
-    return record is not None and rules.positional(record, state.spec.id_field, state.spec.missing_id)
 
 
 def _rows(state: _Batch, facts: native.LineFacts) -> None:
@@ -592,28 +600,33 @@ def _fill_tables(state: _Batch, facts: native.LineFacts, lines: list[int], rows:
 def _remember(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines, rows: list[int]) -> None:
     """This batch's kept lines into the memories: a direct row's for good (its record type),
     a row's provisionally (its row, settled with the row: ``state.fresh``)."""
-    seen_lines, seen_keys, raws, keys, fresh, types = repeats.seen, repeats.keys, state.raws, state.keys, state.fresh, facts.types
+    seen_lines, seen_keys, raws, keys, types = repeats.seen, repeats.keys, state.raws, state.keys, facts.types
     fates = np.frombuffer(state.fate, dtype=np.uint8)
-    for i in np.flatnonzero(fates == _DIRECT).tolist():
-        seen_keys[keys[i]] = seen_lines[raws[i]] = types[i]  # type: ignore[index, assignment]
-    positional_ids = state.spec.missing_id == "position"
-    for i in np.flatnonzero(fates == _ROW).tolist():
-        key, row = keys[i], rows[i]
-        seen_keys[key] = row  # type: ignore[index]
-        if positional_ids and _positional(state, facts, i):
-            fresh.append((None, key, row))  # type: ignore[arg-type]
-        else:
-            seen_lines[raws[i]] = row  # type: ignore[index]
-            fresh.append((raws[i], key, row))  # type: ignore[arg-type]
+    at = np.flatnonzero(fates == _DIRECT).tolist()
+    if at:
+        direct_types = [types[i] for i in at]
+        seen_keys.update(zip([keys[i] for i in at], direct_types))  # type: ignore[misc, arg-type]
+        seen_lines.update(zip([raws[i] for i in at], direct_types))  # type: ignore[misc, arg-type]
+    at = np.flatnonzero(fates == _ROW).tolist()
+    row_keys, row_rows = [keys[i] for i in at], [rows[i] for i in at]
+    seen_keys.update(zip(row_keys, row_rows))  # type: ignore[arg-type]
+    if state.positional:  # a row keyed by its position is no repeat of its bytes: its line is not remembered
+        row_raws = [None if i in state.positional else raws[i] for i in at]
+        seen_lines.update((raw, row) for raw, row in zip(row_raws, row_rows) if raw is not None)
+    else:
+        row_raws = [raws[i] for i in at]
+        seen_lines.update(zip(row_raws, row_rows))  # type: ignore[arg-type]
+    state.fresh.extend(zip(row_raws, row_keys, row_rows))  # type: ignore[arg-type]
 
 
 def _direct_rows(state: _Batch, facts: native.LineFacts, direct: DirectRows) -> None:
     """The direct rows' COPY tuples, per record type (written in C from the lines' facts and
     the keys the rules gave them)."""
-    fate, spec = state.fate, state.spec
-    lines: dict[str, list[int]] = {name: [] for name in state.tables}
-    for i in np.flatnonzero(np.frombuffer(fate, dtype=np.uint8) == _DIRECT).tolist():
-        lines[facts.types[i]].append(i)  # type: ignore[index]
+    spec, names = state.spec, list(state.tables)
+    direct_at = np.flatnonzero(np.frombuffer(state.fate, dtype=np.uint8) == _DIRECT)
+    code_of = {name: code for code, name in enumerate(names)}
+    codes = np.fromiter(map(code_of.__getitem__, map(facts.types.__getitem__, direct_at.tolist())), np.int64, len(direct_at))  # type: ignore[arg-type]
+    lines = {name: direct_at[codes == code].tolist() for code, name in enumerate(names)}
     units64 = state.units.astype(np.int64)
     bases = np.asarray([base for _, base in spec.units] or [0], dtype=np.int64)
     offsets64 = state.offsets.astype(np.int64)
@@ -623,12 +636,12 @@ def _direct_rows(state: _Batch, facts: native.LineFacts, direct: DirectRows) -> 
         keys = [state.keys[i] for i in at]
         columns = state.tables[name].spec.columns
         native.write_direct(native.DirectWrite(
-            lines=at, keys=keys, ids=facts.ids, digests=facts.digests, tails=facts.tails, raws=state.raws,  # type: ignore[arg-type]
+            lines=at, keys=keys, ids=facts.ids, digests=facts.digests, tails=facts.tails, raws=state.raws,
             pos=pos, offsets=offsets, units=units, prefixes=prefixes,
             emitted=sum(c.type.kind != "dynamic" for c in columns),
             rows=direct.rows.setdefault(name, bytearray()), ends=direct.ends.setdefault(name, []),
         ))
-        direct.keys.setdefault(name, []).extend(keys)  # type: ignore[arg-type]
+        direct.keys.setdefault(name, []).extend(keys)
 
 
 class _Outputs:
@@ -683,6 +696,8 @@ class _Batch:
     errors: list[str | None] = field(default_factory=list)
     known_lines: list[str | int | None] | None = None
     first: dict[int, int] = field(default_factory=dict)  # in-batch repeat -> the line it repeats
+    # The rows keyed by their position (rules.positional: never repeats, their lines never remembered).
+    positional: set[int] = field(default_factory=set)
     # input index -> (version, upgraded record, its JSON)
     upgraded: dict[int, tuple[int, dict[str, Any], str]] = field(default_factory=dict)
     repeated_in_batch: list[tuple[int, int]] = field(default_factory=list)  # (input index, row of the first)
