@@ -81,8 +81,6 @@ typedef struct {
     Py_ssize_t n_row, cap_row;
     Py_ssize_t *col_node; /* per column of the direct row's table: its value's node, or -1 */
     Py_ssize_t cap_col_node;
-    unsigned char *keytext; /* one direct row's idempotency key */
-    Py_ssize_t cap_keytext;
 } Scratch;
 
 static void scratch_free(Scratch *cx);
@@ -872,7 +870,6 @@ static void scratch_free(Scratch *cx) {
     free(cx->members);
     free(cx->row);
     free(cx->col_node);
-    free(cx->keytext);
 }
 
 static PyObject *key_of(Scratch *cx, Node *v) {
@@ -1153,36 +1150,6 @@ static PyObject *canonical_line(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* skipped[record_type] += 1 (RepeatedLines.count). */
-static int count_repeat(PyObject *skipped, PyObject *record_type) {
-    PyObject *had = PyDict_GetItemWithError(skipped, record_type);
-    if (had == NULL && PyErr_Occurred())
-        return -1;
-    Py_ssize_t count = 0;
-    if (had != NULL && (count = PyLong_AsSsize_t(had)) == -1 && PyErr_Occurred())
-        return -1;
-    PyObject *now = PyLong_FromSsize_t(count + 1);
-    if (now == NULL)
-        return -1;
-    int status = PyDict_SetItem(skipped, record_type, now);
-    Py_DECREF(now);
-    return status;
-}
-
-/* A record already met in this batch (its row, an int) or an earlier one (its record
-   type): noted as records.py notes it. */
-static int note_repeat(PyObject *known, Py_ssize_t i, PyObject *in_batch, PyObject *skipped) {
-    if (PyLong_CheckExact(known)) {
-        PyObject *pair = Py_BuildValue("(nO)", i, known);
-        if (pair == NULL)
-            return -1;
-        int status = PyList_Append(in_batch, pair);
-        Py_DECREF(pair);
-        return status;
-    }
-    return count_repeat(skipped, known);
-}
-
 static int append_steal(PyObject *list, PyObject *item) {
     if (item == NULL)
         return -1;
@@ -1191,30 +1158,16 @@ static int append_steal(PyObject *list, PyObject *item) {
     return status;
 }
 
-/* Whether an external id can go into a key as it is: printable ASCII (else records.py
-   hashes it into the key). */
-static int plain_id(PyObject *ext_id) {
-    if (!PyUnicode_IS_ASCII(ext_id))
-        return 0;
-    const unsigned char *c = PyUnicode_1BYTE_DATA(ext_id);
-    Py_ssize_t n = PyUnicode_GET_LENGTH(ext_id);
-    for (Py_ssize_t j = 0; j < n; j++)
-        if (c[j] < 0x20 || c[j] > 0x7e)
-            return 0;
-    return 1;
-}
-
-/* ---- direct rows: an ordinary record straight to its staging row --------------------
+/* ---- direct values: a plain record's typed columns as COPY fields -------------------
  *
  * On the commit path a record whose every value is of the plain kind needs no Python
- * object at all: its staging row (PostgreSQL's binary COPY tuple: the staged system
- * columns, then the typed ones) is written here from the parsed line, into its record
- * type's buffer, which the staging writer COPYs as it is. The values are those the
- * Arrow path stages (idem_platform.coercion.columns' fast path, then pgpq): anything
- * that path could convert differently or reject (a value of another JSON kind, a
+ * object at all: scan_lines writes its typed columns in PostgreSQL's binary COPY format
+ * straight from the parsed line (its "tail"), and once records.py has decided the line is
+ * kept, with which key, write_direct puts the staged system columns in front. The values
+ * are those the Arrow path stages (idem_platform.coercion.columns' fast path, then pgpq):
+ * anything that path could convert differently or reject (a value of another JSON kind, a
  * number that needs rounding into its column, a timestamp of any other shape, a null
- * required field, an unknown field, a schema version) declines, and the record takes
- * the dict path as before. */
+ * required field) makes the line's facts its record instead. */
 
 #define PG_EPOCH_US 946684800000000LL /* 2000-01-01 in Unix microseconds */
 #define MAX_DIRECT_COLUMNS 1600      /* PostgreSQL's own column limit */
@@ -1451,51 +1404,30 @@ static int put_value(Scratch *cx, char kind, Py_ssize_t node, Py_ssize_t dim) {
     }
 }
 
-/* ---- the plan: BatchPlan, RoutePlan, DirectPlan, DirectRoute (coercion/native.py) ---------
+/* ---- the plans: ScanPlan, DirectLayout, LineFacts, DirectWrite (coercion/native.py) -------
  *
- * coerce_lines reads its plan by attribute name once per batch, checking each attribute's
+ * Each entry point reads its plan by attribute name once per call, checking each attribute's
  * type and shape: a wrong or incomplete plan is a TypeError or ValueError naming the bad
  * attribute, never a crash. Every attribute read is kept alive in `held` (a list) for the
- * call, so the pointers below stay valid whatever the Python code run from the call does. */
+ * call, so the pointers below stay valid whatever Python code runs meanwhile. */
 
 typedef struct {
-    PyObject *plan; /* the RoutePlan: routes map record types to it */
-    PyObject *rows, *records, *known, *current, *table;
-} Route;
-
-typedef struct {
-    PyObject *plan; /* the DirectRoute */
-    PyObject *fields, *rows, *keys, *ends;
+    PyObject *plan; /* the DirectLayout: layouts map record types to it */
+    PyObject *fields;
     const char *kinds, *need;
     Py_ssize_t ncols, emitted;
-    Py_ssize_t *dims; /* per column (malloc'd) */
-    int drop_unknown;
-} DirectRoute;
-
-typedef struct {
-    PyObject *routes;         /* record type -> DirectRoute */
-    DirectRoute *route;       /* the n_routes routes, read once */
-    Py_ssize_t n_routes;
-    const int64_t *pos;       /* per input line: its _pos */
-    const int64_t *offsets;   /* per input line: its line number or offset */
-    const int64_t *units;     /* per input line: its unit */
-    PyObject *prefixes;       /* per unit: its position prefix (bytes) */
-    const char *type_name, *id_name, *version_name;
-    Py_ssize_t type_len, id_len, version_len;
-} Direct;
+    Py_ssize_t *dims; /* per column (PyMem) */
+} Layout;
 
 typedef struct {
     PyObject *held; /* every attribute read: alive until the call ends */
-    PyObject *out_input, *out_type, *out_key, *out_ext, *out_hash, *out_payload, *out_extra, *out_props,
-        *out_errors;
-    PyObject *routes, *fixed_type, *type_field, *id_field, *connector, *version_field, *declared, *shallow,
-        *too_long, *seen_lines, *seen_keys, *skipped, *fresh, *in_batch, *on_unknown, *decline;
-    Py_ssize_t max_key;
-    Route *route; /* the n_routes routes, read once */
-    Py_ssize_t n_routes;
-    int repeats, use_direct;
-    Direct dx;
-} Batch;
+    PyObject *shallow, *fixed_type, *layouts;
+    PyObject *kinds, *records, *digests, *types, *ids, *tails; /* LineFacts: one entry per line */
+    Layout *layout; /* the n_layouts layouts, read once (NULL: no direct facts) */
+    Py_ssize_t n_layouts;
+    const char *type_name, *id_name, *version_name;
+    Py_ssize_t type_len, id_len, version_len;
+} Scan;
 
 /* obj.name, of `type` (or None if none_ok; any type if type is NULL), as a reference `held`
    keeps alive; NULL with a TypeError naming `owner.name` otherwise. */
@@ -1528,29 +1460,12 @@ static void route_owner(char *buf, size_t size, const char *owner, PyObject *key
     snprintf(buf, size, "%s['%.80s']", owner, name_text ? name_text : "?");
 }
 
-static int read_route(PyObject *held, PyObject *key, PyObject *plan, Route *r) {
-    char owner[128];
-    route_owner(owner, sizeof owner, "BatchPlan.routes", key);
-    r->plan = plan;
-    if (!PyUnicode_Check(key)) {
-        PyErr_Format(PyExc_TypeError, "%s: a record type must be a str, not %.100s", owner, Py_TYPE(key)->tp_name);
-        return -1;
-    }
-    if (!(r->rows = plan_attr(held, plan, owner, "rows", &PyList_Type, 0)) ||
-        !(r->records = plan_attr(held, plan, owner, "records", &PyList_Type, 0)) ||
-        !(r->known = plan_attr(held, plan, owner, "known", &PyFrozenSet_Type, 1)) ||
-        !(r->current = plan_attr(held, plan, owner, "current", &PyLong_Type, 0)) ||
-        !(r->table = plan_attr(held, plan, owner, "table", NULL, 0)))
-        return -1;
-    return 0;
-}
-
 static const char DIRECT_KINDS[] = "silrbtvd";
 
-/* A DirectRoute's column shapes: as many kinds, required flags and dims as columns, every
-   kind one the direct path writes, `emitted` its non-dynamic columns, every field's column
-   an index (-1: an ignored field). */
-static int check_direct_shapes(const char *owner, DirectRoute *r, PyObject *kinds, PyObject *required, PyObject *dims) {
+/* A layout's column shapes: as many kinds, required flags and dims as columns, every kind
+   one the direct path writes, `emitted` its non-dynamic columns, every field's column an
+   index (-1: an ignored field). */
+static int check_layout(const char *owner, Layout *r, PyObject *kinds, PyObject *required, PyObject *dims) {
     r->ncols = PyBytes_GET_SIZE(kinds);
     if (PyBytes_GET_SIZE(required) != r->ncols || PyTuple_GET_SIZE(dims) != r->ncols) {
         PyErr_Format(PyExc_ValueError, "%s: kinds, required and dims must have one entry per column", owner);
@@ -1601,26 +1516,25 @@ static int check_direct_shapes(const char *owner, DirectRoute *r, PyObject *kind
     return 0;
 }
 
-static int read_direct_route(PyObject *held, PyObject *key, PyObject *plan, DirectRoute *r) {
+static int read_layout(PyObject *held, PyObject *key, PyObject *plan, Layout *r) {
     char owner[128];
-    route_owner(owner, sizeof owner, "DirectPlan.routes", key);
+    route_owner(owner, sizeof owner, "ScanPlan.layouts", key);
     r->plan = plan;
-    PyObject *kinds, *required, *dims, *emitted, *drop;
+    PyObject *kinds, *required, *dims, *emitted;
+    if (!PyUnicode_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "%s: a record type must be a str, not %.100s", owner, Py_TYPE(key)->tp_name);
+        return -1;
+    }
     if (!(r->fields = plan_attr(held, plan, owner, "fields", &PyDict_Type, 0)) ||
         !(kinds = plan_attr(held, plan, owner, "kinds", &PyBytes_Type, 0)) ||
         !(required = plan_attr(held, plan, owner, "required", &PyBytes_Type, 0)) ||
         !(dims = plan_attr(held, plan, owner, "dims", &PyTuple_Type, 0)) ||
-        !(emitted = plan_attr(held, plan, owner, "emitted", &PyLong_Type, 0)) ||
-        !(drop = plan_attr(held, plan, owner, "drop_unknown", &PyBool_Type, 0)) ||
-        !(r->rows = plan_attr(held, plan, owner, "rows", &PyByteArray_Type, 0)) ||
-        !(r->keys = plan_attr(held, plan, owner, "keys", &PyList_Type, 0)) ||
-        !(r->ends = plan_attr(held, plan, owner, "ends", &PyList_Type, 0)))
+        !(emitted = plan_attr(held, plan, owner, "emitted", &PyLong_Type, 0)))
         return -1;
-    r->drop_unknown = drop == Py_True;
     r->emitted = PyLong_AsSsize_t(emitted);
     if (r->emitted == -1 && PyErr_Occurred())
         return -1;
-    return check_direct_shapes(owner, r, kinds, required, dims);
+    return check_layout(owner, r, kinds, required, dims);
 }
 
 /* A str-or-None attribute's UTF-8 (NULL for None); -1 on error. */
@@ -1633,151 +1547,67 @@ static int attr_text(PyObject *value, const char **utf8, Py_ssize_t *len) {
     return *utf8 == NULL ? -1 : 0;
 }
 
-static int read_direct(Batch *b, PyObject *plan, Py_ssize_t lines) {
-    const char *owner = "BatchPlan.direct";
-    Direct *dx = &b->dx;
-    PyObject *pos, *offsets, *units, *tname, *iname, *vname;
-    if (!(dx->routes = plan_attr(b->held, plan, owner, "routes", &PyDict_Type, 0)) ||
-        !(pos = plan_attr(b->held, plan, owner, "pos", &PyBytes_Type, 0)) ||
-        !(offsets = plan_attr(b->held, plan, owner, "offsets", &PyBytes_Type, 0)) ||
-        !(units = plan_attr(b->held, plan, owner, "units", &PyBytes_Type, 0)) ||
-        !(dx->prefixes = plan_attr(b->held, plan, owner, "prefixes", &PyList_Type, 0)) ||
-        !(tname = plan_attr(b->held, plan, owner, "type_field", &PyUnicode_Type, 1)) ||
-        !(iname = plan_attr(b->held, plan, owner, "id_field", &PyUnicode_Type, 0)) ||
-        !(vname = plan_attr(b->held, plan, owner, "version_field", &PyUnicode_Type, 1)))
+/* The LineFacts lists the call appends one entry per line to. */
+static int read_facts(Scan *sc, PyObject *facts) {
+    const char *owner = "LineFacts";
+    PyObject *held = sc->held;
+    if (!(sc->kinds = plan_attr(held, facts, owner, "kinds", &PyByteArray_Type, 0)) ||
+        !(sc->records = plan_attr(held, facts, owner, "records", &PyList_Type, 0)) ||
+        !(sc->digests = plan_attr(held, facts, owner, "digests", &PyList_Type, 0)) ||
+        !(sc->types = plan_attr(held, facts, owner, "types", &PyList_Type, 0)) ||
+        !(sc->ids = plan_attr(held, facts, owner, "ids", &PyList_Type, 0)) ||
+        !(sc->tails = plan_attr(held, facts, owner, "tails", &PyList_Type, 0)))
         return -1;
-    if (PyBytes_GET_SIZE(pos) != lines * 8 || PyBytes_GET_SIZE(offsets) != lines * 8 ||
-        PyBytes_GET_SIZE(units) != lines * 8) {
-        PyErr_SetString(PyExc_ValueError, "BatchPlan.direct: pos, offsets and units need one int64 per line");
+    return 0;
+}
+
+static int read_scan(Scan *sc, PyObject *plan, PyObject *facts) {
+    const char *owner = "ScanPlan";
+    PyObject *held = sc->held, *tname, *iname, *vname;
+    if (!(sc->shallow = plan_attr(held, plan, owner, "shallow", &PyFrozenSet_Type, 0)) ||
+        !(sc->layouts = plan_attr(held, plan, owner, "layouts", &PyDict_Type, 1)) ||
+        !(sc->fixed_type = plan_attr(held, plan, owner, "fixed_type", &PyUnicode_Type, 1)) ||
+        !(tname = plan_attr(held, plan, owner, "type_field", &PyUnicode_Type, 1)) ||
+        !(iname = plan_attr(held, plan, owner, "id_field", &PyUnicode_Type, 0)) ||
+        !(vname = plan_attr(held, plan, owner, "version_field", &PyUnicode_Type, 1)) || read_facts(sc, facts) < 0)
+        return -1;
+    if (sc->fixed_type == Py_None && tname == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "ScanPlan: fixed_type and type_field are both None");
         return -1;
     }
-    for (Py_ssize_t u = 0; u < PyList_GET_SIZE(dx->prefixes); u++) {
-        if (!PyBytes_Check(PyList_GET_ITEM(dx->prefixes, u))) {
-            PyErr_Format(PyExc_TypeError, "BatchPlan.direct.prefixes[%zd] must be bytes", u);
-            return -1;
-        }
-    }
-    dx->pos = (const int64_t *)PyBytes_AS_STRING(pos);
-    dx->offsets = (const int64_t *)PyBytes_AS_STRING(offsets);
-    dx->units = (const int64_t *)PyBytes_AS_STRING(units);
-    if (attr_text(tname, &dx->type_name, &dx->type_len) < 0 || attr_text(iname, &dx->id_name, &dx->id_len) < 0 ||
-        attr_text(vname, &dx->version_name, &dx->version_len) < 0)
+    if (attr_text(tname, &sc->type_name, &sc->type_len) < 0 || attr_text(iname, &sc->id_name, &sc->id_len) < 0 ||
+        attr_text(vname, &sc->version_name, &sc->version_len) < 0)
         return -1;
-    dx->route = PyMem_Calloc((size_t)PyDict_GET_SIZE(dx->routes) + 1, sizeof(DirectRoute));
-    if (dx->route == NULL) {
+    if (sc->layouts == Py_None)
+        return 0;
+    sc->layout = PyMem_Calloc((size_t)PyDict_GET_SIZE(sc->layouts) + 1, sizeof(Layout));
+    if (sc->layout == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     Py_ssize_t at = 0;
     PyObject *key, *value;
-    while (PyDict_Next(dx->routes, &at, &key, &value)) {
-        if (read_direct_route(b->held, key, value, &dx->route[dx->n_routes++]) < 0)
+    while (PyDict_Next(sc->layouts, &at, &key, &value))
+        if (read_layout(held, key, value, &sc->layout[sc->n_layouts++]) < 0)
             return -1;
-    }
     return 0;
 }
 
-/* The plan's scalar rules: the record type, fields, connector, versions and limits. */
-static int read_rules(Batch *b, PyObject *plan) {
-    const char *owner = "BatchPlan";
-    PyObject *held = b->held, *max_key;
-    if (!(b->fixed_type = plan_attr(held, plan, owner, "fixed_type", &PyUnicode_Type, 1)) ||
-        !(b->type_field = plan_attr(held, plan, owner, "type_field", &PyUnicode_Type, 1)) ||
-        !(b->id_field = plan_attr(held, plan, owner, "id_field", &PyUnicode_Type, 0)) ||
-        !(b->connector = plan_attr(held, plan, owner, "connector", &PyUnicode_Type, 0)) ||
-        !(b->version_field = plan_attr(held, plan, owner, "version_field", &PyUnicode_Type, 0)) ||
-        !(b->declared = plan_attr(held, plan, owner, "declared", &PyLong_Type, 1)) ||
-        !(b->shallow = plan_attr(held, plan, owner, "shallow", &PyFrozenSet_Type, 0)) ||
-        !(b->too_long = plan_attr(held, plan, owner, "too_long", &PySet_Type, 0)) ||
-        !(max_key = plan_attr(held, plan, owner, "max_key", &PyLong_Type, 0)))
-        return -1;
-    if (b->fixed_type == Py_None && b->type_field == Py_None) {
-        PyErr_SetString(PyExc_ValueError, "BatchPlan: fixed_type and type_field are both None");
-        return -1;
-    }
-    b->max_key = PyLong_AsSsize_t(max_key);
-    return b->max_key == -1 && PyErr_Occurred() ? -1 : 0;
+static void free_scan(Scan *sc) {
+    for (Py_ssize_t r = 0; r < sc->n_layouts; r++)
+        PyMem_Free(sc->layout[r].dims);
+    PyMem_Free(sc->layout);
+    Py_XDECREF(sc->held);
 }
 
-/* The repeat memories: all four or none; the callbacks. */
-static int read_memories(Batch *b, PyObject *plan) {
-    const char *owner = "BatchPlan";
-    PyObject *held = b->held;
-    if (!(b->seen_lines = plan_attr(held, plan, owner, "seen_lines", &PyDict_Type, 1)) ||
-        !(b->seen_keys = plan_attr(held, plan, owner, "seen_keys", &PyDict_Type, 1)) ||
-        !(b->skipped = plan_attr(held, plan, owner, "skipped", &PyDict_Type, 1)) ||
-        !(b->fresh = plan_attr(held, plan, owner, "fresh", &PyList_Type, 1)) ||
-        !(b->in_batch = plan_attr(held, plan, owner, "in_batch", &PyList_Type, 0)) ||
-        !(b->on_unknown = plan_attr(held, plan, owner, "on_unknown", NULL, 0)) ||
-        !(b->decline = plan_attr(held, plan, owner, "decline", NULL, 0)))
-        return -1;
-    b->repeats = b->seen_lines != Py_None;
-    if ((b->seen_keys != Py_None) != b->repeats || (b->skipped != Py_None) != b->repeats ||
-        (b->fresh != Py_None) != b->repeats) {
-        PyErr_SetString(PyExc_ValueError, "BatchPlan: seen_lines, seen_keys, skipped and fresh are all None or none is");
-        return -1;
-    }
-    if (!PyCallable_Check(b->on_unknown) || !PyCallable_Check(b->decline)) {
-        PyErr_SetString(PyExc_TypeError, "BatchPlan.on_unknown and BatchPlan.decline must be callable");
-        return -1;
-    }
-    return 0;
-}
-
-static int read_plan(Batch *b, PyObject *plan, Py_ssize_t lines) {
-    static const char *outs[] = {"out_input", "out_type", "out_key", "out_ext", "out_hash",
-                                 "out_payload", "out_extra", "out_props", "out_errors"};
-    PyObject **slots[] = {&b->out_input, &b->out_type, &b->out_key, &b->out_ext, &b->out_hash,
-                          &b->out_payload, &b->out_extra, &b->out_props, &b->out_errors};
-    for (int k = 0; k < 9; k++)
-        if (!(*slots[k] = plan_attr(b->held, plan, "BatchPlan", outs[k], &PyList_Type, 0)))
-            return -1;
-    if (!(b->routes = plan_attr(b->held, plan, "BatchPlan", "routes", &PyDict_Type, 0)) || read_rules(b, plan) < 0 ||
-        read_memories(b, plan) < 0)
-        return -1;
-    b->route = PyMem_Calloc((size_t)PyDict_GET_SIZE(b->routes) + 1, sizeof(Route));
-    if (b->route == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    Py_ssize_t at = 0;
-    PyObject *key, *value;
-    while (PyDict_Next(b->routes, &at, &key, &value))
-        if (read_route(b->held, key, value, &b->route[b->n_routes++]) < 0)
-            return -1;
-    PyObject *direct = plan_attr(b->held, plan, "BatchPlan", "direct", NULL, 0);
-    if (direct == NULL)
-        return -1;
-    b->use_direct = direct != Py_None;
-    return b->use_direct ? read_direct(b, direct, lines) : 0;
-}
-
-static void free_plan(Batch *b) {
-    for (Py_ssize_t r = 0; r < b->dx.n_routes; r++)
-        PyMem_Free(b->dx.route[r].dims);
-    PyMem_Free(b->dx.route);
-    PyMem_Free(b->route);
-    Py_XDECREF(b->held);
-}
-
-/* The route of record_type in `map` (a routes dict), as read: NULL with no error if it has none. */
-static Route *find_route(Batch *b, PyObject *record_type) {
-    PyObject *plan = PyDict_GetItemWithError(b->routes, record_type);
-    for (Py_ssize_t r = 0; plan != NULL && r < b->n_routes; r++)
-        if (b->route[r].plan == plan)
-            return &b->route[r];
-    if (plan != NULL) /* the dict changed since the plan was read */
-        PyErr_SetString(PyExc_RuntimeError, "BatchPlan.routes changed during the batch");
-    return NULL;
-}
-
-static DirectRoute *find_direct_route(Direct *dx, PyObject *record_type) {
-    PyObject *plan = PyDict_GetItemWithError(dx->routes, record_type);
-    for (Py_ssize_t r = 0; plan != NULL && r < dx->n_routes; r++)
-        if (dx->route[r].plan == plan)
-            return &dx->route[r];
+/* The layout of record_type, as read: NULL with no error if it has none. */
+static Layout *find_layout(Scan *sc, PyObject *record_type) {
+    PyObject *plan = PyDict_GetItemWithError(sc->layouts, record_type);
+    for (Py_ssize_t r = 0; plan != NULL && r < sc->n_layouts; r++)
+        if (sc->layout[r].plan == plan)
+            return &sc->layout[r];
     if (plan != NULL)
-        PyErr_SetString(PyExc_RuntimeError, "BatchPlan.direct.routes changed during the batch");
+        PyErr_SetString(PyExc_RuntimeError, "ScanPlan.layouts changed during the batch");
     return NULL;
 }
 
@@ -1785,400 +1615,345 @@ static int same_key(Scratch *cx, Node *k, const char *name, Py_ssize_t len) {
     return name != NULL && k->len == len && memcmp(cx->line_bytes + k->start, name, (size_t)len) == 0;
 }
 
-/* The record's id and record-type nodes (-1: none), its keys all plain and no schema version
-   stated: 1; else 0 (the dict path checks it). */
-static int direct_fields(Scratch *cx, Direct *dx, Node *obj, Py_ssize_t *type_node, Py_ssize_t *id_node) {
+/* The record's id and record-type nodes (-1: none), when its field names are all plain, it
+   states no schema version and its id is a plain non-empty string: 1; else 0 (its facts are
+   the whole record). */
+static int direct_fields(Scratch *cx, Scan *sc, Node *obj, Py_ssize_t *type_node, Py_ssize_t *id_node) {
     *type_node = *id_node = -1;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
         Node *k = &cx->nodes[cx->kids[obj->start + 2 * m]];
-        if (!k->plain)
+        if (!k->plain || same_key(cx, k, sc->version_name, sc->version_len))
             return 0;
-        if (same_key(cx, k, dx->version_name, dx->version_len))
-            return 0; /* a stated schema version: the dict path checks it */
-        if (same_key(cx, k, dx->type_name, dx->type_len))
+        if (same_key(cx, k, sc->type_name, sc->type_len))
             *type_node = cx->kids[obj->start + 2 * m + 1];
-        if (same_key(cx, k, dx->id_name, dx->id_len))
+        if (same_key(cx, k, sc->id_name, sc->id_len))
             *id_node = cx->kids[obj->start + 2 * m + 1];
     }
     Node *id = *id_node < 0 ? NULL : &cx->nodes[*id_node];
     return id != NULL && id->kind == N_STR && id->plain && id->len > 0;
 }
 
-/* Each column's value node (col_node, -1: missing): 1; an unknown field (unless the table
-   drops them): 0; -1 on a Python error. */
-static int direct_columns(Scratch *cx, DirectRoute *route, Node *obj) {
-    if (grow((void **)&cx->col_node, &cx->cap_col_node, route->ncols + 1, sizeof(Py_ssize_t)) < 0) {
+/* Each column's value node (col_node, -1: missing), and in *unknown whether a field is not
+   in the layout: 1; not sure: 0; -1 on a Python error. */
+static int direct_columns(Scratch *cx, Layout *layout, Node *obj, int *unknown) {
+    if (grow((void **)&cx->col_node, &cx->cap_col_node, layout->ncols + 1, sizeof(Py_ssize_t)) < 0) {
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t c = 0; c < route->ncols; c++)
+    for (Py_ssize_t c = 0; c < layout->ncols; c++)
         cx->col_node[c] = -1;
+    *unknown = 0;
     for (Py_ssize_t m = 0; m < obj->len; m++) {
         PyObject *name = key_of(cx, &cx->nodes[cx->kids[obj->start + 2 * m]]);
         if (name == NULL)
             return PyErr_Occurred() ? -1 : 0;
-        PyObject *at = PyDict_GetItemWithError(route->fields, name);
+        PyObject *at = PyDict_GetItemWithError(layout->fields, name);
         Py_DECREF(name);
         if (at == NULL) {
             if (PyErr_Occurred())
                 return -1;
-            if (route->drop_unknown)
-                continue;
-            return 0; /* an unknown field: _extra and _props, or a strict reject */
+            *unknown = 1;
+            continue;
         }
         Py_ssize_t c = PyLong_AsSsize_t(at);
         if (c == -1 && PyErr_Occurred())
             return -1;
-        if (c >= 0 && c < route->ncols)
+        if (c >= 0 && c < layout->ncols)
             cx->col_node[c] = cx->kids[obj->start + 2 * m + 1];
     }
     return 1;
 }
 
-/* The key, as records.py makes it: <namespace>:<type>:<ext id>:<sha1[:12]>, into keytext (its
-   length in *key_len) and *key: 1; longer than max_key: 0; -1 on a Python error. */
-static int direct_key(Scratch *cx, Batch *b, PyObject *record_type, Node *id, const char hex[40], PyObject **key,
-                      Py_ssize_t *key_len) {
-    Py_ssize_t ns_len, type_len;
-    const char *ns = PyUnicode_AsUTF8AndSize(b->connector, &ns_len);
-    const char *type_text = ns ? PyUnicode_AsUTF8AndSize(record_type, &type_len) : NULL;
-    if (type_text == NULL)
-        return -1;
-    *key_len = ns_len + 1 + type_len + 1 + id->len + 1 + 12;
-    if (grow((void **)&cx->keytext, &cx->cap_keytext, *key_len, 1) < 0) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    unsigned char *kt = cx->keytext;
-    memcpy(kt, ns, (size_t)ns_len);
-    kt += ns_len;
-    *kt++ = ':';
-    memcpy(kt, type_text, (size_t)type_len);
-    kt += type_len;
-    *kt++ = ':';
-    memcpy(kt, cx->line_bytes + id->start, (size_t)id->len);
-    kt += id->len;
-    *kt++ = ':';
-    memcpy(kt, hex, 12);
-    *key = PyUnicode_DecodeUTF8((const char *)cx->keytext, *key_len, NULL);
-    if (*key == NULL)
-        return -1;
-    return PyUnicode_GET_LENGTH(*key) <= b->max_key;
-}
-
-/* The row's field count and its 11 staged system columns: 1; not sure: 0; -1 on a Python error. */
-static int direct_system(Scratch *cx, Direct *dx, Py_ssize_t i, PyObject *raw, Node *id, const char hex[40],
-                         Py_ssize_t key_len, Py_ssize_t emitted) {
+/* The typed columns (dynamic ones are PostgreSQL's, from _payload) into cx->row: 1; not
+   sure: 0; -1. */
+static int direct_typed(Scratch *cx, Layout *layout) {
     cx->n_row = 0;
-    if (row_reserve(cx, 2) < 0)
-        return -1;
-    put_u16(cx, (uint16_t)(11 + emitted));
-    if (dx->units[i] < 0 || dx->units[i] >= PyList_GET_SIZE(dx->prefixes))
-        return 0; /* no prefix for its unit: the Arrow path says what that means */
-    PyObject *prefix = PyList_GET_ITEM(dx->prefixes, dx->units[i]);
-    char number[24];
-    int digits = snprintf(number, sizeof number, "%lld", (long long)dx->offsets[i]);
-    if (put_i64(cx, dx->pos[i]) < 0 || put_bytes(cx, cx->keytext, key_len) < 0 ||
-        put_bytes(cx, cx->line_bytes + id->start, id->len) < 0 || put_bytes(cx, hex, 40) < 0 ||
-        row_reserve(cx, 4 + PyBytes_GET_SIZE(prefix) + digits) < 0)
-        return -1;
-    put_u32(cx, (uint32_t)(PyBytes_GET_SIZE(prefix) + digits)); /* _source */
-    memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix));
-    cx->n_row += PyBytes_GET_SIZE(prefix);
-    memcpy(cx->row + cx->n_row, number, (size_t)digits);
-    cx->n_row += digits;
-    /* _payload: jsonb version 1, then the line as received (DESIGN 4: PostgreSQL reads its
-       numbers as numeric, exactly; the canonical text's went through doubles). A line end or
-       other JSON whitespace in it is whitespace to jsonb too. */
-    Py_ssize_t raw_len = PyBytes_GET_SIZE(raw);
-    if (raw_len >= 0x7FFFFFFF)
-        return 0;
-    if (row_reserve(cx, 5 + raw_len + 5 * 4) < 0)
-        return -1;
-    put_u32(cx, (uint32_t)(1 + raw_len));
-    cx->row[cx->n_row++] = 1;
-    memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(raw), (size_t)raw_len);
-    cx->n_row += raw_len;
-    for (int c = 0; c < 5; c++) /* _extra, _props, _meta, _version, _upgraded */
-        put_u32(cx, 0xFFFFFFFFu);
-    return 1;
-}
-
-/* The typed columns (dynamic ones are PostgreSQL's, from _payload): 1; not sure: 0; -1. */
-static int direct_typed(Scratch *cx, DirectRoute *route) {
-    for (Py_ssize_t c = 0; c < route->ncols; c++) {
+    for (Py_ssize_t c = 0; c < layout->ncols; c++) {
         Py_ssize_t node = cx->col_node[c];
-        char kind = route->kinds[c];
+        char kind = layout->kinds[c];
         if (node < 0 || cx->nodes[node].kind == N_NULL) {
-            if (route->need[c])
-                return 0; /* required: the dict path words the reject */
+            if (layout->need[c])
+                return 0; /* required: the converters word the reject */
             if (kind != 'd' && put_null(cx) < 0)
                 return -1;
             continue;
         }
         if (kind == 'd')
             continue;
-        int put = put_value(cx, kind, node, route->dims[c]);
+        int put = put_value(cx, kind, node, layout->dims[c]);
         if (put <= 0)
             return put;
     }
     return 1;
 }
 
-/* The finished row into its type's buffers, unless it repeats a row of the task (counted):
-   1, or -1 on a Python error. */
-static int direct_keep(Scratch *cx, Batch *b, DirectRoute *route, Py_ssize_t i, PyObject *raw, PyObject *key,
-                       PyObject *record_type) {
-    if (b->seen_keys != Py_None) {
-        PyObject *known = PyDict_GetItemWithError(b->seen_keys, key);
-        if (known != NULL)
-            return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 1;
-        /* A direct row is good for sure: its memory entries are final (no settle needed). */
-        if (PyErr_Occurred() || PyDict_SetItem(b->seen_keys, key, record_type) < 0 ||
-            PyDict_SetItem(b->seen_lines, raw, record_type) < 0)
-            return -1;
+/* One line's facts, appended: kind, record, digest, type, id and typed tail. */
+static int put_facts(Scan *sc, char kind, PyObject *record, PyObject *digest, PyObject *type, PyObject *id,
+                     PyObject *tail) {
+    int status = PyByteArray_Resize(sc->kinds, PyByteArray_GET_SIZE(sc->kinds) + 1);
+    if (status == 0) {
+        PyByteArray_AS_STRING(sc->kinds)[PyByteArray_GET_SIZE(sc->kinds) - 1] = kind;
+        status = PyList_Append(sc->records, record ? record : Py_None) < 0 ||
+                 PyList_Append(sc->digests, digest ? digest : Py_None) < 0 ||
+                 PyList_Append(sc->types, type ? type : Py_None) < 0 || PyList_Append(sc->ids, id ? id : Py_None) < 0 ||
+                 PyList_Append(sc->tails, tail ? tail : Py_None) < 0;
     }
-    Py_ssize_t had = PyByteArray_GET_SIZE(route->rows);
-    if (PyByteArray_Resize(route->rows, had + cx->n_row) < 0 || PyList_Append(route->keys, key) < 0)
-        return -1;
-    memcpy(PyByteArray_AS_STRING(route->rows) + had, cx->row, (size_t)cx->n_row);
-    return append_steal(route->ends, PyLong_FromSsize_t(had + cx->n_row)) < 0 ? -1 : 1;
+    return status ? -1 : 0;
 }
 
-/* The parsed record `top` (line i) as a direct row: 1 (staged, or counted as a repeat);
-   not sure: 0 (the dict path takes it); Python error: -1. */
-static int direct_row(Scratch *cx, Batch *b, Py_ssize_t top, Py_ssize_t i, PyObject *raw, const char hex[40]) {
-    Direct *dx = &b->dx;
-    Node *obj = &cx->nodes[top];
-    Py_ssize_t type_node, id_node;
-    if (!direct_fields(cx, dx, obj, &type_node, &id_node))
-        return 0;
-    PyObject *record_type = b->fixed_type;
-    if (record_type != Py_None) {
-        Py_INCREF(record_type);
-    } else {
+/* The record's type value and layout (routed by field, or the fixed one): 1; none: 0; -1. */
+static int direct_type(Scratch *cx, Scan *sc, Py_ssize_t type_node, PyObject **type, Layout **layout) {
+    *type = NULL;
+    if (sc->fixed_type == Py_None) {
         if (type_node < 0 || cx->nodes[type_node].kind != N_STR)
             return 0;
-        record_type = key_of(cx, &cx->nodes[type_node]);
-        if (record_type == NULL)
+        if ((*type = key_of(cx, &cx->nodes[type_node])) == NULL)
             return PyErr_Occurred() ? -1 : 0;
     }
-    PyObject *key = NULL;
-    Py_ssize_t key_len = 0;
-    Node *id = &cx->nodes[id_node];
-    DirectRoute *route = find_direct_route(dx, record_type);
-    int status = route == NULL ? (PyErr_Occurred() ? -1 : 0) : direct_columns(cx, route, obj);
-    if (status > 0)
-        status = direct_key(cx, b, record_type, id, hex, &key, &key_len);
-    if (status > 0)
-        status = direct_system(cx, dx, i, raw, id, hex, key_len, route->emitted);
-    if (status > 0)
-        status = direct_typed(cx, route);
-    if (status > 0)
-        status = direct_keep(cx, b, route, i, raw, key, record_type);
-    Py_XDECREF(key);
-    Py_DECREF(record_type);
-    return status;
-}
-
-PyDoc_STRVAR(coerce_lines_doc,
-             "coerce_lines(raws: list, plan: BatchPlan) -> None\n\n"
-             "Run records.py's per-record loop over raws: the records it is sure of here, appending\n"
-             "to the batch's lists and dicts held by `plan` (see native.BatchPlan); every other one\n"
-             "through plan.decline(index), in input order. The plan is read and checked once.");
-
-/* Before parsing: 2 (parse it), 1 (a repeat of an earlier line, counted), 0 (the Python loop
-   decides: no value, blank, not an object, too long), -1 (a Python error). */
-static int line_gate(Batch *b, Py_ssize_t i, PyObject *raw) {
-    if (!PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) == 0)
-        return 0; /* no value, or blank */
-    const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(raw);
-    Py_ssize_t size = PyBytes_GET_SIZE(raw), lead = 0;
-    while (lead < size && (bytes[lead] == ' ' || bytes[lead] == '\t' || bytes[lead] == '\n' || bytes[lead] == '\r'))
-        lead++;
-    if (lead == size || bytes[lead] != '{')
-        return 0; /* blank, or not an object: the Python loop words it */
-    if (b->repeats) {
-        PyObject *known = PyDict_GetItemWithError(b->seen_lines, raw);
-        if (known != NULL)
-            return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 1;
-        if (PyErr_Occurred())
-            return -1;
+    *layout = find_layout(sc, *type ? *type : sc->fixed_type);
+    if (*layout == NULL) {
+        Py_CLEAR(*type);
+        return PyErr_Occurred() ? -1 : 0;
     }
-    if (PySet_GET_SIZE(b->too_long)) {
-        PyObject *index = PyLong_FromSsize_t(i);
-        int over = index ? PySet_Contains(b->too_long, index) : -1;
-        Py_XDECREF(index);
-        if (over != 0)
-            return over < 0 ? -1 : 0;
-    }
-    return 2;
-}
-
-/* The record's version against its table's: 1 (current), 0 (the Python loop upgrades or
-   rejects it), -1 (a Python error). */
-static int current_version(Batch *b, PyObject *record, Route *route) {
-    PyObject *version = PyDict_GetItemWithError(record, b->version_field);
-    if (version == NULL && PyErr_Occurred())
-        return -1;
-    if (version == NULL)
-        version = b->declared;
-    if (version != Py_None) {
-        if (!PyLong_CheckExact(version))
-            return 0;
-        return PyObject_RichCompareBool(version, route->current, Py_EQ);
-    }
-    return b->declared == Py_None; /* "schema_version": null states nothing: the connector's applies */
-}
-
-/* Whether the record holds a field its table does not know: 1, 0, or -1 (a Python error). */
-static int has_unknown_field(PyObject *record, Route *route) {
-    if (route->known == Py_None)
-        return 0;
-    Py_ssize_t pos = 0;
-    PyObject *name, *value;
-    while (PyDict_Next(record, &pos, &name, &value)) {
-        int has = PySet_Contains(route->known, name);
-        if (has <= 0)
-            return has < 0 ? -1 : 1;
-    }
-    return 0;
-}
-
-/* The repeat memories of a new row: its key and line point at its row until settled. 1 (a
-   new row), 2 (a repeat, counted), -1 (a Python error). */
-static int remember_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *key, Py_ssize_t out_row) {
-    PyObject *known = PyDict_GetItemWithError(b->seen_keys, key);
-    if (known != NULL)
-        return note_repeat(known, i, b->in_batch, b->skipped) < 0 ? -1 : 2;
-    if (PyErr_Occurred())
-        return -1;
-    PyObject *at = PyLong_FromSsize_t(out_row);
-    if (at == NULL || PyDict_SetItem(b->seen_keys, key, at) < 0 || PyDict_SetItem(b->seen_lines, raw, at) < 0 ||
-        append_steal(b->fresh, PyTuple_Pack(3, raw, key, at)) < 0) {
-        Py_XDECREF(at);
-        return -1;
-    }
-    Py_DECREF(at);
     return 1;
 }
 
-/* The row's output columns, and its table's row and record (a strict table notes the
-   unknown fields of its local index: after the row is the table's). 1, or -1. */
-static int append_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *record, PyObject *record_type, Route *route,
-                      PyObject *key, PyObject *ext_id, PyObject *digest, int has_unknown, Py_ssize_t out_row) {
-    PyObject *unknown = NULL;
-    if (append_steal(route->rows, PyLong_FromSsize_t(out_row)) < 0 || PyList_Append(route->records, record) < 0)
-        return -1;
-    if (has_unknown) {
-        unknown = PyObject_CallFunctionObjArgs(b->on_unknown, route->table, record, record_type, NULL);
-        if (unknown == NULL || !PyTuple_CheckExact(unknown) || PyTuple_GET_SIZE(unknown) != 2) {
-            if (unknown != NULL)
-                PyErr_SetString(PyExc_TypeError, "BatchPlan.on_unknown must return (extra, props)");
-            Py_XDECREF(unknown);
-            return -1;
-        }
+/* The parsed line `top` as direct facts (its type, id, digest and typed columns, no Python
+   record): 1 (appended); its facts need the record: 0; -1 on a Python error. */
+static int direct_facts(Scratch *cx, Scan *sc, Py_ssize_t top, Py_ssize_t raw_len, const char hex[40]) {
+    Node *obj = &cx->nodes[top];
+    Py_ssize_t type_node, id_node;
+    if (raw_len >= 0x7FFFFFFF || !direct_fields(cx, sc, obj, &type_node, &id_node))
+        return 0;
+    PyObject *type;
+    Layout *layout;
+    int unknown = 0, status = direct_type(cx, sc, type_node, &type, &layout);
+    if (status > 0)
+        status = direct_columns(cx, layout, obj, &unknown);
+    if (status > 0)
+        status = direct_typed(cx, layout);
+    if (status <= 0) {
+        Py_XDECREF(type);
+        return status;
     }
-    int status = PyList_Append(b->out_extra, unknown ? PyTuple_GET_ITEM(unknown, 0) : Py_None) < 0 ||
-                 PyList_Append(b->out_props, unknown ? PyTuple_GET_ITEM(unknown, 1) : Py_None) < 0 ||
-                 append_steal(b->out_input, PyLong_FromSsize_t(i)) < 0 || PyList_Append(b->out_type, record_type) < 0 ||
-                 PyList_Append(b->out_key, key) < 0 || PyList_Append(b->out_ext, ext_id) < 0 ||
-                 PyList_Append(b->out_hash, digest) < 0 || PyList_Append(b->out_payload, raw) < 0 ||
-                 PyList_Append(b->out_errors, Py_None) < 0;
-    Py_XDECREF(unknown);
-    return status ? -1 : 1;
+    Node *id = &cx->nodes[id_node];
+    PyObject *id_text = PyUnicode_DecodeASCII((const char *)cx->line_bytes + id->start, id->len, NULL);
+    PyObject *digest = PyUnicode_FromStringAndSize(hex, 40);
+    PyObject *tail = PyBytes_FromStringAndSize((const char *)cx->row, cx->n_row);
+    status = id_text && digest && tail ? put_facts(sc, unknown ? 3 : 2, NULL, digest, type, id_text, tail) : -1;
+    Py_XDECREF(type);
+    Py_XDECREF(id_text);
+    Py_XDECREF(digest);
+    Py_XDECREF(tail);
+    return status < 0 ? -1 : 1;
 }
 
-/* A parsed record on the dict path: 1 (its row appended, or a repeat counted), 0 (the Python
-   loop decides), -1 (a Python error). */
-static int dict_row(Batch *b, Py_ssize_t i, PyObject *raw, PyObject *record, PyObject *digest) {
-    PyObject *record_type = b->fixed_type;
-    if (record_type == Py_None && (record_type = PyDict_GetItemWithError(record, b->type_field)) == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    if (!PyUnicode_CheckExact(record_type))
-        return 0;
-    Route *route = find_route(b, record_type);
-    if (route == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    PyObject *ext_id = PyDict_GetItemWithError(record, b->id_field);
-    if (ext_id == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    if (!PyUnicode_CheckExact(ext_id) || PyUnicode_GET_LENGTH(ext_id) == 0 || !plain_id(ext_id))
-        return 0;
-    int ok = current_version(b, record, route);
-    int has_unknown = ok > 0 ? has_unknown_field(record, route) : 0;
-    if (ok <= 0 || has_unknown < 0)
-        return has_unknown < 0 ? -1 : ok;
-    PyObject *key = PyUnicode_FromFormat("%U:%U:%U:%.12s", b->connector, record_type, ext_id, PyUnicode_AsUTF8(digest));
-    if (key == NULL)
-        return -1;
-    Py_ssize_t out_row = PyList_GET_SIZE(b->out_input);
-    ok = PyUnicode_GET_LENGTH(key) > b->max_key ? 0 : b->repeats ? remember_row(b, i, raw, key, out_row) : 1;
-    if (ok == 1)
-        ok = append_row(b, i, raw, record, record_type, route, key, ext_id, digest, has_unknown, out_row);
-    Py_DECREF(key);
-    return ok;
-}
-
-/* Line i: 1 (taken: a row, a direct row or a counted repeat), 0 (the Python loop decides),
-   -1 (a Python error). */
-static int coerce_one(Scratch *cx, Batch *b, Py_ssize_t i, PyObject *raw) {
-    int gate = line_gate(b, i, raw);
-    if (gate != 2)
-        return gate;
+/* Line raw's facts: direct facts, the record and its digest, or kind 0 (the strict parser
+   doubts it: the Python path parses it and words its reject, if any). 0, or -1. */
+static int scan_one(Scratch *cx, Scan *sc, PyObject *raw) {
+    if (!PyBytes_CheckExact(raw))
+        return put_facts(sc, 0, NULL, NULL, NULL, NULL, NULL);
     char hex[40];
     Py_ssize_t top = parse_line(cx, (const unsigned char *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), hex);
     if (top < 0)
-        return top == -1 ? -1 : 0;
-    if (b->use_direct) {
-        int taken = direct_row(cx, b, top, i, raw, hex);
+        return top == -1 ? -1 : put_facts(sc, 0, NULL, NULL, NULL, NULL, NULL);
+    if (sc->layout != NULL) {
+        int taken = direct_facts(cx, sc, top, PyBytes_GET_SIZE(raw), hex);
         if (taken != 0)
-            return taken;
+            return taken < 0 ? -1 : 0;
     }
     PyObject *record, *canonical, *digest;
-    if (build_record(cx, top, hex, b->shallow, &record, &canonical, &digest) < 0)
+    if (build_record(cx, top, hex, sc->shallow, &record, &canonical, &digest) < 0)
         return -1;
-    int ok = dict_row(b, i, raw, record, digest);
+    int status = put_facts(sc, 1, record, digest, NULL, NULL, NULL);
     Py_DECREF(record);
     Py_DECREF(canonical);
     Py_DECREF(digest);
-    return ok;
+    return status;
 }
 
-static PyObject *coerce_lines(PyObject *self, PyObject *args) {
-    PyObject *raws, *plan;
-    if (!PyArg_ParseTuple(args, "O!O:coerce_lines", &PyList_Type, &raws, &plan))
+PyDoc_STRVAR(scan_lines_doc,
+             "scan_lines(raws: list, plan: ScanPlan, facts: LineFacts) -> None\n\n"
+             "Each line's facts, appended to `facts` (see native.LineFacts): its record and the SHA-1\n"
+             "of its canonical bytes; or, with plan.layouts, for a plain record, its type, id, SHA-1\n"
+             "and typed COPY columns; or kind 0 where the strict parser doubts the line (None, for\n"
+             "one). No rule is applied here: records.py decides every line from its facts.");
+
+static PyObject *scan_lines(PyObject *self, PyObject *args) {
+    PyObject *raws, *plan, *facts;
+    if (!PyArg_ParseTuple(args, "O!OO:scan_lines", &PyList_Type, &raws, &plan, &facts))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(raws);
-    Batch b = {0};
+    Scan sc = {0};
     Scratch scratch = {0}, *cx = &scratch;
-    if ((b.held = PyList_New(0)) == NULL || read_plan(&b, plan, n) < 0) {
-        free_plan(&b);
-        return NULL;
-    }
     PyObject *result = NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i >= PyList_GET_SIZE(raws)) {
-            PyErr_SetString(PyExc_RuntimeError, "coerce_lines: raws changed size during the batch");
-            goto done;
-        }
+    if ((sc.held = PyList_New(0)) == NULL || read_scan(&sc, plan, facts) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(raws); i++) {
         PyObject *raw = PyList_GET_ITEM(raws, i);
-        Py_INCREF(raw); /* Python code may run (on_unknown): the line stays ours */
-        int taken = coerce_one(cx, &b, i, raw);
+        Py_INCREF(raw); /* Python code may run (a collection's callbacks): the line stays ours */
+        int status = scan_one(cx, &sc, raw);
         Py_DECREF(raw);
-        if (taken < 0)
+        if (status < 0)
             goto done;
-        if (taken == 0) {
-            PyObject *called = PyObject_CallFunction(b.decline, "n", i);
-            if (called == NULL)
-                goto done;
-            Py_DECREF(called);
-        }
     }
     result = Py_NewRef(Py_None);
 done:
     scratch_free(cx);
-    free_plan(&b);
+    free_scan(&sc);
+    return result;
+}
+
+/* ---- direct rows: the COPY tuples of the rows records.py kept ---------------------- */
+
+typedef struct {
+    PyObject *held, *lines, *keys, *ids, *digests, *tails, *raws, *prefixes, *rows, *ends;
+    const int64_t *pos, *offsets, *units;
+    Py_ssize_t n_lines, emitted;
+} Write;
+
+/* One per-line column of a DirectWrite: a list as long as the batch. */
+static PyObject *line_list(Write *w, PyObject *plan, const char *name) {
+    PyObject *v = plan_attr(w->held, plan, "DirectWrite", name, &PyList_Type, 0);
+    if (v != NULL && PyList_GET_SIZE(v) != w->n_lines) {
+        PyErr_Format(PyExc_ValueError, "DirectWrite.%s needs one entry per line", name);
+        return NULL;
+    }
+    return v;
+}
+
+static int read_write(Write *w, PyObject *plan) {
+    const char *owner = "DirectWrite";
+    PyObject *held = w->held, *pos, *offsets, *units, *emitted;
+    if (!(w->raws = plan_attr(held, plan, owner, "raws", &PyList_Type, 0)))
+        return -1;
+    w->n_lines = PyList_GET_SIZE(w->raws);
+    if (!(w->ids = line_list(w, plan, "ids")) || !(w->digests = line_list(w, plan, "digests")) ||
+        !(w->tails = line_list(w, plan, "tails")) ||
+        !(w->lines = plan_attr(held, plan, owner, "lines", &PyList_Type, 0)) ||
+        !(w->keys = plan_attr(held, plan, owner, "keys", &PyList_Type, 0)) ||
+        !(pos = plan_attr(held, plan, owner, "pos", &PyBytes_Type, 0)) ||
+        !(offsets = plan_attr(held, plan, owner, "offsets", &PyBytes_Type, 0)) ||
+        !(units = plan_attr(held, plan, owner, "units", &PyBytes_Type, 0)) ||
+        !(w->prefixes = plan_attr(held, plan, owner, "prefixes", &PyList_Type, 0)) ||
+        !(emitted = plan_attr(held, plan, owner, "emitted", &PyLong_Type, 0)) ||
+        !(w->rows = plan_attr(held, plan, owner, "rows", &PyByteArray_Type, 0)) ||
+        !(w->ends = plan_attr(held, plan, owner, "ends", &PyList_Type, 0)))
+        return -1;
+    Py_ssize_t n = w->n_lines * 8;
+    if (PyBytes_GET_SIZE(pos) != n || PyBytes_GET_SIZE(offsets) != n || PyBytes_GET_SIZE(units) != n) {
+        PyErr_SetString(PyExc_ValueError, "DirectWrite: pos, offsets and units need one int64 per line");
+        return -1;
+    }
+    if (PyList_GET_SIZE(w->keys) != PyList_GET_SIZE(w->lines)) {
+        PyErr_SetString(PyExc_ValueError, "DirectWrite: keys needs one key per line written");
+        return -1;
+    }
+    w->pos = (const int64_t *)PyBytes_AS_STRING(pos);
+    w->offsets = (const int64_t *)PyBytes_AS_STRING(offsets);
+    w->units = (const int64_t *)PyBytes_AS_STRING(units);
+    w->emitted = PyLong_AsSsize_t(emitted);
+    if (w->emitted < 0 || w->emitted > MAX_DIRECT_COLUMNS) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "DirectWrite.emitted: not a column count");
+        return -1;
+    }
+    return 0;
+}
+
+/* Line `at`'s values, checked: raw (bytes), id and key (str), digest (40 characters), tail
+   (bytes) and its unit's prefix (bytes). 0, or -1 with a ValueError. */
+static int row_values(Write *w, Py_ssize_t k, Py_ssize_t *at, PyObject **prefix) {
+    PyObject *line = PyList_GET_ITEM(w->lines, k);
+    *at = PyLong_Check(line) ? PyLong_AsSsize_t(line) : -1;
+    if (*at < 0 || *at >= w->n_lines) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "DirectWrite.lines[%zd]: not a line of the batch", k);
+        return -1;
+    }
+    int64_t unit = w->units[*at];
+    PyObject *raw = PyList_GET_ITEM(w->raws, *at), *digest = PyList_GET_ITEM(w->digests, *at);
+    *prefix = unit >= 0 && unit < PyList_GET_SIZE(w->prefixes) ? PyList_GET_ITEM(w->prefixes, unit) : NULL;
+    if (!PyBytes_Check(raw) || PyBytes_GET_SIZE(raw) >= 0x7FFFFFFF || !PyUnicode_Check(PyList_GET_ITEM(w->ids, *at)) ||
+        !PyUnicode_Check(digest) || PyUnicode_GET_LENGTH(digest) != 40 ||
+        !PyBytes_Check(PyList_GET_ITEM(w->tails, *at)) || !PyUnicode_Check(PyList_GET_ITEM(w->keys, k)) ||
+        *prefix == NULL || !PyBytes_Check(*prefix)) {
+        PyErr_Format(PyExc_ValueError, "DirectWrite: line %zd has no direct facts (or its unit no prefix)", *at);
+        return -1;
+    }
+    return 0;
+}
+
+/* A str's UTF-8 as a COPY field. */
+static int put_text(Scratch *cx, PyObject *text) {
+    Py_ssize_t len;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &len);
+    return utf8 == NULL ? -1 : put_bytes(cx, utf8, len);
+}
+
+/* Line `at`'s COPY tuple into cx->row: the field count, the 11 staged system columns, then
+   its typed columns (the tail scan_lines wrote). 0, or -1. */
+static int copy_row(Scratch *cx, Write *w, Py_ssize_t at, PyObject *key, PyObject *prefix) {
+    PyObject *raw = PyList_GET_ITEM(w->raws, at), *tail = PyList_GET_ITEM(w->tails, at);
+    cx->n_row = 0;
+    char number[24];
+    int digits = snprintf(number, sizeof number, "%lld", (long long)w->offsets[at]);
+    Py_ssize_t raw_len = PyBytes_GET_SIZE(raw), prefix_len = PyBytes_GET_SIZE(prefix);
+    if (row_reserve(cx, 2) < 0)
+        return -1;
+    put_u16(cx, (uint16_t)(11 + w->emitted));
+    if (put_i64(cx, w->pos[at]) < 0 || put_text(cx, key) < 0 || put_text(cx, PyList_GET_ITEM(w->ids, at)) < 0 ||
+        put_text(cx, PyList_GET_ITEM(w->digests, at)) < 0 ||
+        row_reserve(cx, 4 + prefix_len + digits + 5 + raw_len + 5 * 4 + PyBytes_GET_SIZE(tail)) < 0)
+        return -1;
+    put_u32(cx, (uint32_t)(prefix_len + digits)); /* _source */
+    memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(prefix), (size_t)prefix_len);
+    cx->n_row += prefix_len;
+    memcpy(cx->row + cx->n_row, number, (size_t)digits);
+    cx->n_row += digits;
+    /* _payload: jsonb version 1, then the line as received (DESIGN 4: PostgreSQL reads its
+       numbers as numeric, exactly; the canonical text's went through doubles). A line end or
+       other JSON whitespace in it is whitespace to jsonb too. */
+    put_u32(cx, (uint32_t)(1 + raw_len));
+    cx->row[cx->n_row++] = 1;
+    memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(raw), (size_t)raw_len);
+    cx->n_row += raw_len;
+    for (int c = 0; c < 5; c++) /* _extra, _props, _meta, _version, _upgraded */
+        put_u32(cx, 0xFFFFFFFFu);
+    memcpy(cx->row + cx->n_row, PyBytes_AS_STRING(tail), (size_t)PyBytes_GET_SIZE(tail));
+    cx->n_row += PyBytes_GET_SIZE(tail);
+    return 0;
+}
+
+PyDoc_STRVAR(write_direct_doc,
+             "write_direct(plan: DirectWrite) -> None\n\n"
+             "The COPY tuples of plan.lines (lines scan_lines gave direct facts, kept by records.py\n"
+             "with plan.keys), appended to plan.rows, each one's end to plan.ends.");
+
+static PyObject *write_direct(PyObject *self, PyObject *args) {
+    PyObject *plan;
+    if (!PyArg_ParseTuple(args, "O:write_direct", &plan))
+        return NULL;
+    Write w = {0};
+    Scratch scratch = {0}, *cx = &scratch;
+    PyObject *result = NULL;
+    if ((w.held = PyList_New(0)) == NULL || read_write(&w, plan) < 0)
+        goto done;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(w.lines) && k < PyList_GET_SIZE(w.keys); k++) {
+        Py_ssize_t at;
+        PyObject *prefix;
+        if (row_values(&w, k, &at, &prefix) < 0 || copy_row(cx, &w, at, PyList_GET_ITEM(w.keys, k), prefix) < 0)
+            goto done;
+        Py_ssize_t had = PyByteArray_GET_SIZE(w.rows);
+        if (PyByteArray_Resize(w.rows, had + cx->n_row) < 0)
+            goto done;
+        memcpy(PyByteArray_AS_STRING(w.rows) + had, cx->row, (size_t)cx->n_row);
+        if (append_steal(w.ends, PyLong_FromSsize_t(had + cx->n_row)) < 0)
+            goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    scratch_free(cx);
+    Py_XDECREF(w.held);
     return result;
 }
 
@@ -2229,7 +2004,8 @@ static PyObject *columns(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"canonical_line", canonical_line, METH_VARARGS, canonical_line_doc},
-    {"coerce_lines", coerce_lines, METH_VARARGS, coerce_lines_doc},
+    {"scan_lines", scan_lines, METH_VARARGS, scan_lines_doc},
+    {"write_direct", write_direct, METH_VARARGS, write_direct_doc},
     {"columns", columns, METH_VARARGS, columns_doc},
     {NULL, NULL, 0, NULL},
 };

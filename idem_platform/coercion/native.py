@@ -1,36 +1,33 @@
-"""The per-record loop's C path: the records it is sure of, in C; every other one in Python.
+"""The hot part of a batch in C: each line's facts, and the direct rows' COPY tuples.
 
-:func:`~idem_platform.coercion.records.coerce_batch` spends ~17 µs of Python per
-threat-feed record: orjson's parse and sorted dump, the checks that make orjson's
-output the contract's bytes, SHA-1, routing, the key, and a dozen appends. The
-extension ``_native`` (``_native.c``, built by ``pip install`` when a C compiler
-and OpenSSL's headers are there; optional) does all of that for the ordinary
-record in one pass over its bytes and appends to the very lists and dicts the
-Python loop uses. It hands a record back to the Python loop, untouched, whenever
-the Python loop could answer differently or words a reject: blank or non-object
-lines, anything its strict parser doubts (invalid JSON or UTF-8, NUL, lone
-surrogates, repeated keys, non-finite floats, huge integers, numbers PostgreSQL's
-numeric cannot hold as ``_payload`` keeps them, deep nesting), a record type, id,
-schema version or key that is not the plain kind, unknown fields.
-So the Python loop stays the definition; the C path is a shortcut that must agree
-with it byte for byte, which ``idem_platform_tests/coercion/test_native.py`` checks on
-generated records and the spec vectors.
+:func:`~idem_platform.coercion.records.coerce_batch` spends ~12 µs of Python per
+threat-feed record on the Python path, most of it on orjson's parse and sorted dump,
+the checks that make orjson's output the contract's bytes, and SHA-1. The extension
+``_native`` (``_native.c``, built by ``pip install`` when a C compiler and OpenSSL's
+headers are there; optional) does that part in one pass over a line's bytes and hands
+back the line's *facts* (:class:`LineFacts`): its record and the SHA-1 of its canonical
+bytes, or, for a plain record on the commit path, its type, id and SHA-1 and its typed
+columns already in PostgreSQL's binary COPY format. It decides nothing: where its strict
+parser doubts a line (invalid JSON or UTF-8, NUL, lone surrogates, repeated keys,
+non-finite floats, huge integers, numbers PostgreSQL's numeric cannot hold as ``_payload``
+keeps them, deep nesting, not an object) the line has no facts and the Python path parses
+it. Every rule (routing, ids, keys, repeats, versions, unknown fields, contract modes)
+is :mod:`~idem_platform.coercion.rules`' and :mod:`~idem_platform.coercion.records`', the
+same on both paths; ``idem_platform_tests/coercion/test_native.py`` and ``test_fuzz.py``
+check that both give the same bytes.
 
-On the commit path it goes one step further (``DirectRows`` in
-:mod:`~idem_platform.coercion.records`): an ordinary record whose every value is of the
-plain kind becomes its staging row in PostgreSQL's binary COPY format straight from the
-line, with no Python object, Arrow array or pgpq pass at all; the Arrow path would stage
-the same bytes, which ``idem_platform_tests/coercion/test_direct_rows.py`` checks in PostgreSQL.
+On the commit path the kept direct lines become their staging rows in a second call
+(:func:`write_direct`), with the keys the rules gave them: no Python object, Arrow array or
+pgpq pass per record (``idem_platform_tests/coercion/test_direct_rows.py`` checks in
+PostgreSQL that they stage what the Arrow path would).
 
-The boundary is a typed plan (:class:`BatchPlan` and its parts, built in one place,
-``records._batch_plan``), which the C path reads by attribute name and checks once per
-batch: a wrong or incomplete plan is a ``TypeError`` or ``ValueError`` naming the attribute.
-One call per batch takes the records it is sure of and hands each other one, in input
-order, to the Python loop (``BatchPlan.decline``). The C module keeps no buffer of its own
-between calls (each call has its scratch), so a call made while another runs, from a
-collector callback or another thread, is safe; and it untracks the JSON trees it builds
-from the cyclic garbage collector (they cannot hold cycles), so a batch's kept records do
-not set off the collector's full passes.
+The boundary is typed plans (:class:`ScanPlan`, :class:`DirectLayout`, :class:`LineFacts`,
+:class:`DirectWrite`), which C reads by attribute name and checks once per call: a wrong or
+incomplete plan is a ``TypeError`` or ``ValueError`` naming the attribute, never a crash.
+The C module keeps no buffer of its own between calls (each call has its scratch), so a
+call made while another runs, from a collector callback or another thread, is safe; it
+untracks the JSON trees it builds from the cyclic garbage collector (they cannot hold
+cycles), so a batch's records do not set off the collector's full passes.
 
 ``IDEM_NATIVE=0`` in the environment turns it off (the Python path alone).
 """
@@ -44,47 +41,22 @@ from typing import Any
 
 from idem_platform.settings import native_allowed
 
-# The plan ``_native.coerce_lines`` reads, by attribute name, once per batch: named and
-# typed here, checked attribute by attribute in C (a wrong or missing one is a TypeError
-# or ValueError naming it, never a crash). records.py builds them in one place
-# (``_batch_plan``); the lists, dicts and bytearrays they hold are the batch's own, which
-# both paths append to.
+# The plans the C entry points read, by attribute name, once per call (checked attribute by
+# attribute in C: a wrong or missing one is a TypeError or ValueError naming it, never a crash).
 
 
 @dataclass(frozen=True, slots=True)
-class RoutePlan:
-    """One record type on the dict path: where its rows go and what its records may hold.
-
-    Attributes:
-        rows: the table's output row numbers (``_TableRows.rows``).
-        records: the table's records (``_TableRows.records``).
-        known: the field names that are never unknown, or ``None`` (a ``drop`` table
-            never looks at unknown fields).
-        current: the table's current schema version.
-        table: handed to ``BatchPlan.on_unknown`` with a record that has unknown fields.
-    """
-
-    rows: list[int]
-    records: list[dict[str, Any]]
-    known: frozenset[str] | None
-    current: int
-    table: object
-
-
-@dataclass(frozen=True, slots=True)
-class DirectRoute:
-    """One record type on the direct path: its columns' shapes and where its COPY rows go.
+class DirectLayout:
+    """One record type's typed columns, as the direct facts write them.
 
     Attributes:
         fields: column name -> its index; ignored fields (the id, version and type fields and
-            ``ignored_fields``) -> -1.
+            ``ignored_fields``) -> -1. Any other field is an unknown one (``LineFacts.kinds`` 3).
         kinds: one letter per column (``s i l r b t v d``: string, int, long, real, bool,
             timestamp, vector, dynamic).
         required: one byte per column, 1 if the column is required.
         dims: per column, its vector dimension (0 for other kinds).
         emitted: how many columns the row holds (all but the ``dynamic`` ones).
-        drop_unknown: the table's contract is ``drop`` (unknown fields stay in ``_payload``).
-        rows, keys, ends: ``DirectRows``' buffers of this record type.
     """
 
     fields: dict[str, int]
@@ -92,91 +64,88 @@ class DirectRoute:
     required: bytes
     dims: tuple[int, ...]
     emitted: int
-    drop_unknown: bool
-    rows: bytearray
-    keys: list[str]
-    ends: list[int]
 
 
 @dataclass(frozen=True, slots=True)
-class DirectPlan:
-    """What the C path needs to write direct rows (``DirectRows``) for a batch.
+class ScanPlan:
+    """What :func:`scan_lines` needs to find a batch's facts.
 
     Attributes:
-        routes: record type -> its :class:`DirectRoute`.
-        pos, offsets, units: per input line, its ``_pos``, offset and unit (native int64s).
-        prefixes: per unit, its position prefix (UTF-8).
-        type_field: the field naming the record type (``None``: a fixed record type).
-        id_field, version_field: the id and schema-version fields.
+        shallow: fields whose values are never read (see ``canonical_line``).
+        layouts: record type -> its :class:`DirectLayout`, for direct facts; ``None``: records only.
+        fixed_type: the connector's one record type, or ``None`` (routed by ``type_field``).
+        type_field, id_field, version_field: as in ``RecordSpec`` (``type_field`` ``None`` with a
+            fixed type).
     """
 
-    routes: dict[str, DirectRoute]
-    pos: bytes
-    offsets: bytes
-    units: bytes
-    prefixes: list[bytes]
+    shallow: frozenset[str]
+    layouts: dict[str, DirectLayout] | None
+    fixed_type: str | None
     type_field: str | None
     id_field: str
     version_field: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class BatchPlan:
-    """One batch for ``_native.coerce_lines``: the output lists both paths append to, the
-    batch's rules, the task's repeat memories and the Python loop for every declined record.
+class LineFacts:
+    """Per input line, what :func:`scan_lines` found (one entry per line in each list).
 
     Attributes:
-        out_input, out_type, ..., out_errors: the output columns (``_coerce_batch``'s lists).
-        routes: record type -> its :class:`RoutePlan`.
-        fixed_type: the connector's one record type, or ``None`` (routed by ``type_field``).
-        type_field, id_field, connector, version_field: as in ``RecordSpec``.
-        declared: the connector's declared schema version, or ``None``.
-        shallow: fields whose values are never read (see ``canonical_line``).
-        too_long: input indexes of records over ``max_line_bytes``.
-        max_key: the longest idempotency key kept as it is.
-        seen_lines, seen_keys, skipped, fresh: ``RepeatedLines``' memories, or all ``None``.
-        in_batch: ``(input index, row of its first occurrence)`` of in-batch repeats.
-        on_unknown: ``(table, record, record type) -> (_extra, _props)``.
-        decline: the Python loop's body, called with the index of every record the C path
-            hands over (the C path goes on with the next record once it returns).
-        direct: the direct rows' plan, or ``None``.
+        kinds: 0 (no facts: the Python path parses the line), 1 (its record and digest),
+            2 (direct facts: its type, id, digest and typed columns), 3 (direct facts, and a
+            field its layout does not know).
+        records: the parsed record (kind 1), else ``None``.
+        digests: the SHA-1 hex of its canonical bytes (kinds 1 to 3).
+        types: the record type field's value (kinds 2 and 3, routed by field), else ``None``.
+        ids: the id field's value, a plain non-empty string (kinds 2 and 3).
+        tails: the typed columns in PostgreSQL's binary COPY format (kinds 2 and 3).
     """
 
-    out_input: list[int]
-    out_type: list[str | None]
-    out_key: list[str | None]
-    out_ext: list[str | None]
-    out_hash: list[str | None]
-    out_payload: list[bytes | None]
-    out_extra: list[str | None]
-    out_props: list[str | None]
-    out_errors: list[str | None]
-    routes: dict[str, RoutePlan]
-    fixed_type: str | None
-    type_field: str | None
-    id_field: str
-    connector: str
-    version_field: str
-    declared: int | None
-    shallow: frozenset[str]
-    too_long: set[int]
-    max_key: int
-    seen_lines: dict[bytes, str | int] | None
-    seen_keys: dict[str, str | int] | None
-    skipped: dict[str, int] | None
-    fresh: list[tuple[bytes | None, str, int]] | None
-    in_batch: list[tuple[int, int]]
-    on_unknown: Callable[[Any, dict[str, Any], str], tuple[str | None, str | None]]
-    decline: Callable[[int], object]
-    direct: DirectPlan | None
+    kinds: bytearray
+    records: list[dict[str, Any] | None]
+    digests: list[str | None]
+    types: list[str | None]
+    ids: list[str | None]
+    tails: list[bytes | None]
 
 
-_CoerceLines = Callable[[list[Any], BatchPlan], None]
+@dataclass(frozen=True, slots=True)
+class DirectWrite:
+    """What :func:`write_direct` needs to write one record type's kept direct rows.
+
+    Attributes:
+        lines: the input lines to write (each with direct facts), in order.
+        keys: each one's idempotency key (as the rules gave it).
+        ids, digests, tails: ``LineFacts``' lists of the batch.
+        raws: the batch's lines (``_payload`` is the line as received).
+        pos, offsets, units: per input line, its ``_pos``, offset and unit (native int64s).
+        prefixes: per unit, its position prefix (UTF-8).
+        emitted: the record type's columns in the row (all but the ``dynamic`` ones).
+        rows, ends: ``DirectRows``' buffers of this record type (appended to).
+    """
+
+    lines: list[int]
+    keys: list[str]
+    ids: list[str | None]
+    digests: list[str | None]
+    tails: list[bytes | None]
+    raws: list[bytes | None]
+    pos: bytes
+    offsets: bytes
+    units: bytes
+    prefixes: list[bytes]
+    emitted: int
+    rows: bytearray
+    ends: list[int]
+
+
+_ScanLines = Callable[[list[Any], ScanPlan, LineFacts], None]
+_WriteDirect = Callable[[DirectWrite], None]
 _CanonicalLine = Callable[[bytes, frozenset[str]], tuple[dict[str, Any], bytes, str] | None]
 _Columns = Callable[[list[dict[str, Any]], tuple[str, ...]], list[list[Any]]]
 
 
-def _load() -> tuple[_CoerceLines | None, _CanonicalLine | None, _Columns | None]:
+def _load() -> tuple[_ScanLines | None, _WriteDirect | None, _CanonicalLine | None, _Columns | None]:
     """The extension's entry points, or ``None`` each when it is not built.
 
     A function rather than a module-level ``try`` so each name has one type
@@ -185,13 +154,13 @@ def _load() -> tuple[_CoerceLines | None, _CanonicalLine | None, _Columns | None
     try:
         from idem_platform.coercion import _native
     except ImportError:  # no compiler at install time: the Python path alone
-        return None, None, None
-    return _native.coerce_lines, _native.canonical_line, _native.columns
+        return None, None, None, None
+    return _native.scan_lines, _native.write_direct, _native.canonical_line, _native.columns
 
 
-_coerce_lines, canonical_line, _columns = _load()
+_scan_lines, _write_direct, canonical_line, _columns = _load()
 
-AVAILABLE = _coerce_lines is not None
+AVAILABLE = _scan_lines is not None
 
 
 def enabled() -> bool:
@@ -199,12 +168,17 @@ def enabled() -> bool:
     return AVAILABLE and native_allowed()
 
 
-def coerce_lines(raws: list[Any], plan: BatchPlan) -> None:
-    """Run the batch's per-record loop: the C path takes the records it is sure of and calls
-    ``plan.decline(i)`` (the Python loop's body) for each other one, in input order, so the
-    output rows stay in input order. One call per batch: the plan is read and checked once."""
-    assert _coerce_lines is not None
-    _coerce_lines(raws, plan)
+def scan_lines(raws: list[Any], plan: ScanPlan, facts: LineFacts) -> None:
+    """Append each line's facts to ``facts`` (one call per batch: the plan is read and
+    checked once)."""
+    assert _scan_lines is not None
+    _scan_lines(raws, plan, facts)
+
+
+def write_direct(plan: DirectWrite) -> None:
+    """Append the COPY tuples of ``plan.lines`` to ``plan.rows`` (their ends to ``plan.ends``)."""
+    assert _write_direct is not None
+    _write_direct(plan)
 
 
 def columns(records: list[dict[str, Any]], names: tuple[str, ...]) -> list[list[Any]]:

@@ -20,41 +20,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import is_not, itemgetter
 from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from idem_platform.coercion import native
+from idem_platform.coercion import native, rules
 from idem_platform.coercion.columns import convert_column
-from idem_platform.coercion.converters import json_kind
-from idem_platform.contract.canonical import (
-    InvalidJSON,
-    RepeatedKey,
-    canonical_value_bytes,
-    has_nul,
-    parse_and_canonicalize,
-    repeated_key,
-)
-from idem_platform.contract.catalog import TableSpec, is_safe_column_name
-from idem_platform.contract.keys import MAX_KEY_LENGTH, ext_id_text, record_key
-from idem_platform.migrations import MigrationFailed, MigrationSource
+from idem_platform.coercion.rules import DROP, EVOLVE, MAX_UNKNOWN_REASONS, STRICT
+from idem_platform.coercion.rules import lone_surrogate as _lone_surrogate
+from idem_platform.contract.catalog import TableSpec
+from idem_platform.contract.keys import record_keys
+from idem_platform.migrations import MigrationSource
+
+__all__ = ["DROP", "EVOLVE", "MAX_UNKNOWN_REASONS", "STRICT", "_lone_surrogate"]  # the contract modes' names, for callers
 
 LINE_BITS = 40
 LINE_MASK = (1 << LINE_BITS) - 1
 RAW_CAP = 4096
 UTF8_BOM = b"\xef\xbb\xbf"  # may open a file: not part of its line 1
-_NUL_ESCAPE = b"\\u0000"
-_SURROGATE_ESCAPE = b"\\ud"  # canonical JSON escapes surrogates (pairs, and lone ones) as \udxxx
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-# Schema contracts (DESIGN §3): what a record's unknown top-level fields do.
-EVOLVE, STRICT, DROP = "evolve", "strict", "drop"
-MAX_UNKNOWN_REASONS = 32  # a strict reject names at most this many unknown fields, then counts the rest
 
 SYSTEM_FIELDS = [
     pa.field("_pos", pa.int64()),
@@ -139,15 +128,6 @@ class RecordSpec:
         return pa.schema(SYSTEM_FIELDS + structs)
 
 
-class _Reject(Exception):
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        self.errors = errors
-
-
-def _line_error(rule: str, message: str, field_name: str | None = None) -> _Reject:
-    return _Reject([{"field": field_name, "rule": rule, "message": message}])
-
-
 def _raw_text(raw: bytes, length: int) -> str:
     """What a reject keeps of its record: the first :data:`RAW_CAP` bytes, as text.
 
@@ -180,14 +160,6 @@ class _TableRows:
         """Take a routed record (its values are read per column in :meth:`convert`)."""
         self.rows.append(row)
         self.records.append(record)
-
-    def unknown_fields(self, record: dict[str, Any], record_type: str) -> tuple[str | None, str | None]:
-        """The just added record's unknown fields: its ``_extra`` and ``_props``, or (strict) the
-        reasons that make it a reject once its columns are converted (all its errors at once)."""
-        if self.contract == STRICT:
-            self.unknown[len(self.rows) - 1] = _unknown_field_errors(record, self.skip, record_type)
-            return None, None
-        return _unknown(record, self.skip)
 
     def convert(self, *, dynamic_values: bool) -> tuple[list[pa.Array], dict[int, list[dict[str, Any]]]]:
         """Typed arrays (one per column) and, per local row, its errors in column order."""
@@ -332,61 +304,22 @@ def direct_supported(spec: RecordSpec) -> bool:
     )
 
 
-def _direct_plan(batch: _Batch, direct: DirectRows, ignored: frozenset[str]) -> native.DirectPlan:
-    """What ``_native.coerce_lines`` needs to write direct rows for this batch."""
-    spec = batch.spec
-    routes = {}
-    for name, table in batch.tables.items():
+def _layouts(state: _Batch) -> dict[str, native.DirectLayout]:
+    """Per record type, its typed columns' shapes, for the C path's direct facts."""
+    layouts = {}
+    for name, table in state.tables.items():
         columns = table.spec.columns
         fields: dict[str, int] = {c.name: index for index, c in enumerate(columns)}
-        for known in ignored:
+        for known in state.ignored:
             fields.setdefault(known, -1)
-        routes[name] = native.DirectRoute(
+        layouts[name] = native.DirectLayout(
             fields=fields,
             kinds="".join(_DIRECT_KINDS[c.type.kind] for c in columns).encode(),
             required=bytes(int(c.required) for c in columns),
             dims=tuple(c.type.dim or 0 for c in columns),
             emitted=sum(c.type.kind != "dynamic" for c in columns),
-            drop_unknown=table.contract == DROP,
-            rows=direct.rows.setdefault(name, bytearray()),
-            keys=direct.keys.setdefault(name, []),
-            ends=direct.ends.setdefault(name, []),
         )
-    units64 = batch.units.astype(np.int64)
-    bases = np.asarray([base for _, base in spec.units] or [0], dtype=np.int64)
-    offsets64 = batch.offsets.astype(np.int64)
-    pos = (units64 << LINE_BITS) | (offsets64 - bases[units64])
-    return native.DirectPlan(
-        routes=routes, pos=pos.tobytes(), offsets=offsets64.tobytes(), units=units64.tobytes(),
-        prefixes=[prefix.encode() for prefix, _ in spec.units],
-        type_field=None if spec.record_type is not None else spec.record_type_field,
-        id_field=spec.id_field, version_field=spec.version_field,
-    )
-
-
-def _batch_plan(
-    batch: _Batch, decline: Callable[[int], None], direct: DirectRows | None, ignored: frozenset[str]
-) -> native.BatchPlan:
-    """The one place the C path's plan is built: the batch's output lists, rules and memories
-    (the C path appends to the very objects the Python loop uses) and the Python loop itself."""
-    spec, out, repeats = batch.spec, batch.out, batch.repeats
-    return native.BatchPlan(
-        out_input=out.input, out_type=out.type, out_key=out.key, out_ext=out.ext, out_hash=out.hash,
-        out_payload=out.payload, out_extra=out.extra, out_props=out.props, out_errors=out.errors,
-        routes={
-            name: native.RoutePlan(t.rows, t.records, None if t.contract == DROP else t.skip, batch.currents[name], t)
-            for name, t in batch.tables.items()
-        },
-        fixed_type=spec.record_type, type_field=spec.record_type_field, id_field=spec.id_field,
-        connector=spec.connector, version_field=spec.version_field, declared=spec.declared_version,
-        shallow=_shallow_fields(spec), too_long=batch.too_long, max_key=MAX_KEY_LENGTH,
-        seen_lines=repeats.seen if repeats is not None else None,
-        seen_keys=repeats.keys if repeats is not None else None,
-        skipped=repeats.skipped if repeats is not None else None,
-        fresh=batch.fresh if repeats is not None else None,
-        in_batch=batch.repeated_in_batch, on_unknown=_TableRows.unknown_fields, decline=decline,
-        direct=_direct_plan(batch, direct, ignored) if direct is not None else None,
-    )
+    return layouts
 
 
 def coerce_batch(
@@ -397,10 +330,10 @@ def coerce_batch(
     Blank lines are dropped (they are not records); every other line yields
     exactly one output row, in input order: a typed row or a reject carrying all
     its errors, except, when ``repeats`` is given, a repeat (same bytes or same
-    key) of an earlier good row of the task, which is only counted there. Lines
-    are parsed, keyed and routed one by one; typed columns are then converted a
-    whole column at a time (:mod:`idem_platform.coercion.columns`), and positions
-    are computed for the whole batch at once.
+    key) of an earlier good row of the task, which is only counted there. Each
+    line's facts are found first (its record and digest: in C when built), then
+    every rule of :mod:`~idem_platform.coercion.rules` decides it; typed columns are
+    converted a whole column at a time (:mod:`idem_platform.coercion.columns`).
 
     With ``direct`` (the commit path, when :func:`direct_supported`), the ordinary
     records go to ``direct`` as staging rows instead of into the returned batch.
@@ -411,20 +344,317 @@ def coerce_batch(
 def _coerce_batch(
     batch: pa.RecordBatch, spec: RecordSpec, repeats: RepeatedLines | None, direct: DirectRows | None
 ) -> pa.RecordBatch:
-    """The steps of :func:`coerce_batch`: each line to a row (C or Python), the columns, the repeats."""
+    """The steps of :func:`coerce_batch`: each line's facts, the rules, the repeats, the rows."""
     state = _Batch.read(batch, spec, repeats)
-    take = _line_loop(state)
-    if native.enabled():
-        # The C path takes the ordinary records, appending to the same lists and dicts,
-        # and hands every other one to ``take`` (see coercion/native.py).
-        native.coerce_lines(state.raws, _batch_plan(state, take, direct, state.ignored))
-    else:
-        for i in range(len(state.raws)):
-            take(i)
+    facts = _line_facts(state, direct is not None)
+    _decide_lines(state, facts)
+    if repeats is not None:
+        _repeat_lines(state, facts, repeats)
+    _rows(state, facts)
+    if direct is not None:
+        _direct_rows(state, facts, direct)
     converted = _convert_tables(state)
     if repeats is not None:
         _settle_repeats(state, repeats)
     return _output_batch(batch, state, converted)
+
+
+# A line's fate (one byte per input line, ``_Batch.fate``).
+_NONE, _REJECT, _ROW, _DIRECT, _KNOWN, _IN_BATCH = 0, 1, 2, 3, 4, 5
+
+
+def _line_facts(state: _Batch, direct: bool) -> native.LineFacts:
+    """Each line's facts: in C when built (see coercion/native.py), else none yet (the
+    Python path parses every line in :func:`_decide_lines`). A line a repeat memory already
+    knows (an earlier batch's good line) or a too long line is not parsed at all."""
+    raws, repeats, n = state.raws, state.repeats, len(state.raws)
+    if repeats is not None:
+        state.known_lines = list(map(repeats.seen.get, raws))  # type: ignore[arg-type]  # a None line is in no memory
+    if not native.enabled():
+        return native.LineFacts(bytearray(n), [None] * n, [None] * n, [None] * n, [None] * n, [None] * n)
+    known, skipped = state.known_lines, set(state.too_long)
+    if known is not None:
+        skipped.update(compress(range(n), map(is_not, known, repeat(None))))
+    todo = raws
+    if skipped:  # ~10% of lines at most: a copy with holes, not a list built line by line
+        todo = raws.copy()
+        for i in skipped:
+            todo[i] = None
+    spec = state.spec
+    plan = native.ScanPlan(
+        shallow=_shallow_fields(spec), layouts=_layouts(state) if direct else None, fixed_type=spec.record_type,
+        type_field=None if spec.record_type is not None else spec.record_type_field,
+        id_field=spec.id_field, version_field=spec.version_field,
+    )
+    facts = native.LineFacts(bytearray(), [], [], [], [], [])
+    native.scan_lines(todo, plan, facts)
+    return facts
+
+
+def _decide_lines(state: _Batch, facts: native.LineFacts) -> None:
+    """Every line's fate by the rules: a reject (its reasons), a row or direct row (its record
+    type, external id and key), a line a memory knows, or nothing (a blank line of a file)."""
+    kinds = np.frombuffer(facts.kinds, dtype=np.uint8)
+    state.fate = bytearray(len(state.raws))
+    state.keys = [None] * len(state.raws)
+    state.errors = [None] * len(state.raws)
+    identify = _identifier(state, facts)
+    parse = _line_parser(state, facts)
+    for i in np.flatnonzero(kinds == 0).tolist():
+        parse(i)
+    for i in np.flatnonzero(kinds == 1).tolist():
+        identify(i)
+    direct = np.flatnonzero(kinds >= 2)
+    if len(direct):
+        _decide_direct(state, facts, direct, identify)
+    fates = np.frombuffer(state.fate, dtype=np.uint8)
+    keyed = np.flatnonzero((fates == _ROW) | (fates == _DIRECT)).tolist()
+    if keyed:
+        keys = record_keys(
+            state.spec.connector, _pick(facts.types, keyed), _pick(facts.ids, keyed), _pick(facts.digests, keyed)
+        )
+        per_line = np.full(len(state.raws), None, dtype=object)
+        per_line[keyed] = keys
+        state.keys = per_line.tolist()
+
+
+def _pick(values: list[Any], at: list[int]) -> list[Any]:
+    """``[values[i] for i in at]``, gathered in C (``itemgetter``: a third of the comprehension's cost)."""
+    return list(itemgetter(*at)(values)) if len(at) > 1 else [values[i] for i in at]
+
+
+def _line_parser(state: _Batch, facts: native.LineFacts) -> Callable[[int], None]:
+    """``parse(i)``: a line without facts (the Python path's every line, the C path's doubted
+    ones): nothing if blank in a file or known to a memory, else parsed and decided, or the
+    reject (no value, blank, too long, or :func:`rules.parsed`'s)."""
+    raws, lines, known = state.raws, state.spec.lines, state.known_lines
+    noun, too_long, raw_lengths, limit = state.spec.noun, state.too_long, state.raw_lengths, state.spec.max_line_bytes
+    identify, fate = _identifier(state, facts), state.fate
+    sha1 = hashlib.sha1
+
+    def parse(i: int) -> None:
+        raw = raws[i]
+        blank = not raw or raw.isspace()
+        if blank and lines and raw is not None:
+            return  # a blank line is not a record (its number still counts)
+        if known is not None and known[i] is not None:
+            fate[i] = _KNOWN
+            return
+        try:
+            if blank or raw is None:
+                if raw is None:
+                    raise rules.line_error("no_value", f"{noun} has no value (null: a tombstone or a deletion marker)")
+                raise rules.line_error("blank", f"{noun} is blank")
+            if i in too_long:
+                raise rules.line_error(
+                    "too_long", f"{noun} is {int(raw_lengths[i])} bytes long; the limit is {limit} (max_line_bytes)"
+                )
+            facts.records[i], canonical = rules.parsed(raw, noun)
+        except rules.Reject as reject:
+            fate[i] = _REJECT
+            state.errors[i] = json.dumps(reject.errors, ensure_ascii=False)
+            return
+        facts.digests[i] = sha1(canonical).hexdigest()
+        identify(i)
+
+    return parse
+
+
+def _identifier(state: _Batch, facts: native.LineFacts) -> Callable[[int], None]:
+    """``identify(i)``: a parsed line's record type, external id and version (its upgrade noted
+    in ``state.upgraded``), by the rules: its fate ``_ROW``, or ``_REJECT`` with the reasons."""
+    spec, tables, currents, upgraded, units, offsets = (
+        state.spec, state.tables, state.currents, state.upgraded, state.units, state.offsets
+    )
+    fixed_type, type_field, id_field, missing_id = spec.record_type, spec.record_type_field, spec.id_field, spec.missing_id
+    version_field, declared, migrations = spec.version_field, spec.declared_version, spec.migrations
+    prefixes = [prefix for prefix, _ in spec.units]
+    records, digests, types, ids, fate, errors = facts.records, facts.digests, facts.types, facts.ids, state.fate, state.errors
+    positional = state.positional
+
+    def identify(i: int) -> None:
+        record, digest = records[i], digests[i]
+        assert record is not None and digest is not None
+        try:
+            # The common cases inline (a type of the connector, a plain id, no version stated or
+            # declared): every other value goes to the rule itself, which decides it.
+            record_type = fixed_type if fixed_type is not None else record.get(type_field)  # type: ignore[arg-type]
+            if type(record_type) is not str or record_type not in tables:
+                record_type = rules.route(record, type_field, tables)
+            ext_id = record.get(id_field)
+            if type(ext_id) is not str or not ext_id:  # numbers, missing or empty ids, objects: the exact rules
+                ext_id = rules.ext_id(record, id_field, missing_id, f"{prefixes[units[i]]}{offsets[i]}", digest)
+                if rules.positional(record, id_field, missing_id):
+                    positional.add(i)
+            if declared is not None or record.get(version_field) is not None:
+                current = currents[record_type]
+                version = rules.stated_version(record, version_field, declared, current)
+                if version is not None:
+                    upgraded[i] = rules.upgrade(record, record_type, version, current, version_field, migrations)
+        except rules.Reject as reject:
+            fate[i] = _REJECT
+            errors[i] = json.dumps(reject.errors, ensure_ascii=False)
+            records[i] = digests[i] = types[i] = ids[i] = None
+            return
+        fate[i], types[i], ids[i] = _ROW, record_type, ext_id
+
+    return identify
+
+
+def _decide_direct(state: _Batch, facts: native.LineFacts, lines: np.ndarray, identify: Callable[[int], None]) -> None:
+    """Lines with direct facts (a plain record: its type, a plain id, no stated version, its
+    typed columns): direct rows, unless a rule needs the record (unknown fields its contract
+    does not drop, a declared version): then its record is read and it is decided as any."""
+    spec, types = state.spec, facts.types
+    if spec.record_type is not None:
+        fixed = np.asarray(types, dtype=object)
+        fixed[lines] = spec.record_type
+        types[:] = fixed.tolist()
+    kinds = np.frombuffer(facts.kinds, dtype=np.uint8)
+    if spec.declared_version is not None:
+        need = lines
+    else:  # unknown fields (kind 3) matter unless the type's contract drops them
+        unknown = lines[kinds[lines] == 3].tolist()
+        need = np.asarray([i for i in unknown if state.tables[types[i]].contract != rules.DROP], dtype=np.int64)
+    np.frombuffer(state.fate, dtype=np.uint8)[lines] = _DIRECT
+    shallow = _shallow_fields(spec)
+    for i in need.tolist():
+        got = native.canonical_line(state.raws[i], shallow)  # type: ignore[misc]
+        assert got is not None  # the line parsed once already
+        facts.records[i], _, facts.digests[i] = got
+        identify(i)
+
+
+def _repeat_lines(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines) -> None:
+    """The repeat rules, in input order: a line an earlier batch's good line (same bytes) or
+    row (same key) already gave is counted; a key first met earlier in this batch makes the
+    line a repeat of that row (``_IN_BATCH``: settled once that row is); a too long line
+    whose bytes are an earlier good line of the batch is a repeat of it too. A direct row's
+    key is remembered for good at once (its record type: a direct row is good for sure)."""
+    fate, keys, known_lines, types = state.fate, state.keys, state.known_lines, facts.types
+    seen_keys = repeats.keys
+    seen_get = seen_keys.get
+    tracked: dict[bytes | None, int] | None = {} if state.too_long else None
+    fates = np.frombuffer(fate, dtype=np.uint8)
+    # Only lines with a key or known bytes matter (all of them when too long lines are tracked).
+    lines = range(len(keys)) if tracked is not None else np.flatnonzero(fates >= _ROW).tolist()
+    for i in lines:
+        key = keys[i]
+        if key is None:
+            if fate[i] == _KNOWN:
+                repeats.count(known_lines[i])  # type: ignore[index, arg-type]
+            elif tracked is not None and i in state.too_long and (first := tracked.get(state.raws[i])) is not None:
+                _repeat_of(state, facts, repeats, i, first)
+            continue
+        known = seen_get(key)
+        if known is None:  # this batch's line: a direct row's type, a row's number once settled
+            seen_keys[key] = types[i] if fate[i] == _DIRECT else i  # type: ignore[assignment]
+            if tracked is not None and i not in state.positional:
+                tracked.setdefault(state.raws[i], i)
+        elif type(known) is int:
+            _repeat_of(state, facts, repeats, i, known)
+        else:
+            fate[i] = _NONE
+            repeats.count(known)  # type: ignore[arg-type]
+
+
+def _repeat_of(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines, i: int, first: int) -> None:
+    """Line ``i`` repeats this batch's line ``first``: counted if that is a direct row (good
+    for sure), else settled with it."""
+    if state.fate[first] == _DIRECT:
+        state.fate[i] = _NONE
+        repeats.count(facts.types[first])  # type: ignore[arg-type]
+    else:
+        state.fate[i] = _IN_BATCH
+        state.first[i] = first
+
+
+def _rows(state: _Batch, facts: native.LineFacts) -> None:
+    """The output rows (rejects and rows, in input order), the tables' records and their
+    unknown fields, and, with repeats, the memories of this batch's rows."""
+    fate = np.frombuffer(state.fate, dtype=np.uint8)
+    produced = np.flatnonzero((fate == _REJECT) | (fate == _ROW))
+    row_of = np.full(len(fate), -1, dtype=np.int64)
+    row_of[produced] = np.arange(len(produced), dtype=np.int64)
+    at = produced.tolist()
+    out, raws, errors = state.out, state.raws, state.errors
+    out.input = at
+    out.type, out.key, out.ext, out.hash = (
+        [facts.types[i] for i in at], [state.keys[i] for i in at], [facts.ids[i] for i in at],
+        [facts.digests[i] for i in at],
+    )
+    out.payload = [raws[i] if errors[i] is None else None for i in at]
+    out.errors = [errors[i] for i in at]
+    out.extra, out.props = [None] * len(at), [None] * len(at)
+    rows = row_of.tolist()
+    _fill_tables(state, facts, np.flatnonzero(fate == _ROW).tolist(), rows)
+    state.repeated_in_batch = [(i, rows[first]) for i, first in state.first.items()]
+    if state.repeats is not None:
+        _remember(state, facts, state.repeats, rows)
+
+
+def _fill_tables(state: _Batch, facts: native.LineFacts, lines: list[int], rows: list[int]) -> None:
+    """Each row's record into its table (upgraded, if it was), and what its unknown fields do."""
+    out, upgraded, tables = state.out, state.upgraded, state.tables
+    for i in lines:
+        table = tables[facts.types[i]]  # type: ignore[index]
+        table.rows.append(rows[i])
+        table.records.append(upgraded[i][1] if i in upgraded else facts.records[i])  # type: ignore[arg-type]
+    for name, table in tables.items():
+        if table.contract == rules.DROP:
+            continue
+        skip = table.skip
+        for local, record in enumerate(table.records):
+            if not record.keys() <= skip:  # unknown fields: rare, only they cost
+                row = table.rows[local]
+                out.extra[row], out.props[row], unknown = rules.unknown_fields(record, skip, table.contract, name)
+                if unknown is not None:
+                    table.unknown[local] = unknown
+
+
+def _remember(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines, rows: list[int]) -> None:
+    """This batch's kept lines into the memories: a direct row's for good (its record type),
+    a row's provisionally (its row, settled with the row: ``state.fresh``)."""
+    seen_lines, seen_keys, raws, keys, types = repeats.seen, repeats.keys, state.raws, state.keys, facts.types
+    fates = np.frombuffer(state.fate, dtype=np.uint8)
+    at = np.flatnonzero(fates == _DIRECT).tolist()
+    if at:  # (their keys are remembered for good already: _repeat_lines)
+        seen_lines.update(zip(_pick(raws, at), _pick(types, at)))
+    at = np.flatnonzero(fates == _ROW).tolist()
+    row_keys, row_rows = [keys[i] for i in at], [rows[i] for i in at]
+    seen_keys.update(zip(row_keys, row_rows))  # type: ignore[arg-type]
+    if state.positional:  # a row keyed by its position is no repeat of its bytes: its line is not remembered
+        row_raws = [None if i in state.positional else raws[i] for i in at]
+        seen_lines.update((raw, row) for raw, row in zip(row_raws, row_rows) if raw is not None)
+    else:
+        row_raws = [raws[i] for i in at]
+        seen_lines.update(zip(row_raws, row_rows))  # type: ignore[arg-type]
+    state.fresh.extend(zip(row_raws, row_keys, row_rows))  # type: ignore[arg-type]
+
+
+def _direct_rows(state: _Batch, facts: native.LineFacts, direct: DirectRows) -> None:
+    """The direct rows' COPY tuples, per record type (written in C from the lines' facts and
+    the keys the rules gave them)."""
+    spec, names = state.spec, list(state.tables)
+    direct_at = np.flatnonzero(np.frombuffer(state.fate, dtype=np.uint8) == _DIRECT)
+    code_of = {name: code for code, name in enumerate(names)}
+    codes = np.fromiter(map(code_of.__getitem__, map(facts.types.__getitem__, direct_at.tolist())), np.int64, len(direct_at))  # type: ignore[arg-type]
+    lines = {name: direct_at[codes == code].tolist() for code, name in enumerate(names)}
+    units64 = state.units.astype(np.int64)
+    bases = np.asarray([base for _, base in spec.units] or [0], dtype=np.int64)
+    offsets64 = state.offsets.astype(np.int64)
+    pos, offsets, units = ((units64 << LINE_BITS) | (offsets64 - bases[units64])).tobytes(), offsets64.tobytes(), units64.tobytes()
+    prefixes = [prefix.encode() for prefix, _ in spec.units]
+    for name, at in lines.items():
+        keys = _pick(state.keys, at)
+        columns = state.tables[name].spec.columns
+        native.write_direct(native.DirectWrite(
+            lines=at, keys=keys, ids=facts.ids, digests=facts.digests, tails=facts.tails, raws=state.raws,
+            pos=pos, offsets=offsets, units=units, prefixes=prefixes,
+            emitted=sum(c.type.kind != "dynamic" for c in columns),
+            rows=direct.rows.setdefault(name, bytearray()), ends=direct.ends.setdefault(name, []),
+        ))
+        direct.keys.setdefault(name, []).extend(keys)
 
 
 class _Outputs:
@@ -472,6 +702,15 @@ class _Batch:
     tables: dict[str, _TableRows]
     currents: dict[str, int]
     out: _Outputs = field(default_factory=_Outputs)
+    # Per input line (set by _line_facts and _decide_lines): its fate (``_NONE``, ``_ROW``, ...),
+    # key, reject reasons (JSON) and, with repeats, the record type an earlier batch gave its bytes.
+    fate: bytearray = field(default_factory=bytearray)
+    keys: list[str | None] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    known_lines: list[str | int | None] | None = None
+    first: dict[int, int] = field(default_factory=dict)  # in-batch repeat -> the line it repeats
+    # The rows keyed by their position (rules.positional: never repeats, their lines never remembered).
+    positional: set[int] = field(default_factory=set)
     # input index -> (version, upgraded record, its JSON)
     upgraded: dict[int, tuple[int, dict[str, Any], str]] = field(default_factory=dict)
     repeated_in_batch: list[tuple[int, int]] = field(default_factory=list)  # (input index, row of the first)
@@ -497,181 +736,6 @@ class _Batch:
             tables={name: _TableRows(table, ignored, spec.contract(name)) for name, table in spec.tables.items()},
             currents={name: table.schema_version for name, table in spec.tables.items()},
         )
-
-
-def _line_loop(state: _Batch) -> Callable[[int], None]:
-    """The per-line loop's body, ``take(i)``: line ``i`` becomes a row, a reject or a counted
-    repeat (or nothing: a blank line of a file). Closures over the batch's values (here and in
-    the steps' factories), since the Python path calls it for every line and the C path for
-    every line it declines: a closure's free variables cost what locals do, attributes more."""
-    raws, out, repeats = state.raws, state.out, state.repeats
-    lines = state.spec.lines
-    seen_lines: dict[bytes, str | int] = repeats.seen if repeats is not None else {}
-    repeated_in_batch = state.repeated_in_batch
-    checked, identify, keep = _record_checker(state), _identifier(state), _row_keeper(state)
-    dumps = json.dumps
-
-    def take(i: int) -> None:
-        """Line ``i``: skipped if blank, counted if it repeats a line, else a row or a reject."""
-        raw = raws[i]
-        blank = not raw or raw.isspace()
-        if blank:
-            if lines and raw is not None:
-                return  # a blank line is not a record (its number still counts)
-        elif repeats is not None:
-            known = seen_lines.get(raw)  # type: ignore[arg-type]  # not blank: bytes
-            if known is not None:
-                if isinstance(known, int):
-                    repeated_in_batch.append((i, known))  # first seen in this batch
-                else:
-                    repeats.count(known)  # the record type of a line committed earlier
-                return
-        try:
-            record, canonical = checked(i, raw, blank)
-            record_type, digest, ext_id = identify(i, record, canonical)
-        except _Reject as reject:
-            out.reject(i, dumps(reject.errors, ensure_ascii=False))
-            return
-        keep(i, raw, record, record_type, digest, ext_id)  # type: ignore[arg-type]  # parsed: bytes
-
-    return take
-
-
-def _record_checker(state: _Batch) -> Callable[[int, bytes | None, bool], tuple[dict[str, Any], bytes]]:
-    """``checked(i, raw, blank)``: line ``i`` parsed, with its canonical bytes; or the reject
-    every check of the contract words (no value, blank, too long, not JSON, not an object,
-    NUL, a lone surrogate, a repeated key). The definition the C path agrees with."""
-    noun, too_long, raw_lengths, limit = state.spec.noun, state.too_long, state.raw_lengths, state.spec.max_line_bytes
-
-    def checked(i: int, raw: bytes | None, blank: bool) -> tuple[dict[str, Any], bytes]:
-        if blank or raw is None:
-            if raw is None:
-                raise _line_error("no_value", f"{noun} has no value (null: a tombstone or a deletion marker)")
-            raise _line_error("blank", f"{noun} is blank")
-        if i in too_long:
-            raise _line_error(
-                "too_long", f"{noun} is {int(raw_lengths[i])} bytes long; the limit is {limit} (max_line_bytes)"
-            )
-        try:
-            # Trailing "\r\n" is JSON whitespace: no need to strip it first.
-            record, canonical = parse_and_canonicalize(raw)
-        except InvalidJSON as exc:
-            raise _line_error("json", f"{noun} is not valid JSON: {exc}") from None
-        if type(record) is not dict:
-            raise _line_error("not_object", f"{noun} is {json_kind(record)}, not a JSON object")
-        # Both escapes start with a backslash, which most records' canonical form lacks:
-        # ``92 in`` is a memchr, a bytes needle a slower search (~0.5 µs each).
-        if 92 in canonical:
-            if _NUL_ESCAPE in canonical and has_nul(record):
-                raise _line_error("nul", "record contains a NUL character (\\u0000), which PostgreSQL cannot store")
-            if _SURROGATE_ESCAPE in canonical and (lone := _lone_surrogate(record)) is not None:
-                raise _line_error(
-                    "surrogate",
-                    f"record contains a lone surrogate (\\u{ord(lone):04x}): not Unicode text, which "
-                    "PostgreSQL cannot store",
-                )
-        # repeated_key's first test, widened to any backslash and inlined: a call per
-        # record would cost as much as the counts; ``92 in`` is a memchr, ``b"\\" in`` not.
-        if raw.count(58) != canonical.count(58) or 92 in raw:  # ":" and "\"
-            repeated = repeated_key(raw, canonical)
-            if repeated is not None:
-                raise _repeated_key_error(repeated)
-        return record, canonical
-
-    return checked
-
-
-def _identifier(state: _Batch) -> Callable[[int, dict[str, Any], bytes], tuple[str, str, str]]:
-    """``identify(i, record, canonical)``: a parsed record's ``(record type, SHA-1 of its
-    canonical bytes, external id)``, its upgrade noted in ``state.upgraded`` if it is older
-    than its table; or the reject (record type, id, schema version, migration)."""
-    spec, tables, currents, upgraded, units, offsets = (
-        state.spec, state.tables, state.currents, state.upgraded, state.units, state.offsets
-    )
-    fixed_type, type_field, id_field, missing_id = spec.record_type, spec.record_type_field, spec.id_field, spec.missing_id
-    version_field, declared = spec.version_field, spec.declared_version
-    prefixes = [prefix for prefix, _ in spec.units]
-    sha1 = hashlib.sha1
-
-    def identify(i: int, record: dict[str, Any], canonical: bytes) -> tuple[str, str, str]:
-        if fixed_type is not None:
-            record_type = fixed_type
-        else:
-            routed = record.get(type_field)  # type: ignore[arg-type]  # _route says why it is None
-            if type(routed) is str and routed in tables:
-                record_type = routed
-            else:
-                record_type = _route(record, type_field, tables)  # raises the precise reject
-        digest = sha1(canonical).hexdigest()
-        ext_id = record.get(id_field)
-        if type(ext_id) is not str or not ext_id:  # numbers, missing or empty ids, objects: the exact rules
-            source = f"{prefixes[units[i]]}{offsets[i]}"
-            ext_id = _ext_id(record, id_field, missing_id, source, digest)
-        version = record.get(version_field, declared)  # current records: this lookup is all they pay
-        if version is not None:
-            if type(version) is not int or version != currents[record_type]:
-                upgraded[i] = _upgrade(record, record_type, version, currents[record_type], spec)
-        elif declared is not None:  # "schema_version": null states nothing: the connector's
-            upgraded[i] = _upgrade(record, record_type, declared, currents[record_type], spec)
-        return record_type, digest, ext_id
-
-    return identify
-
-
-def _row_keeper(state: _Batch) -> Callable[[int, bytes, dict[str, Any], str, str, str], None]:
-    """``keep(i, raw, record, record type, digest, ext id)``: a good record's row: its key, then
-    (unless it repeats a row of the task, which is only counted) its table's record and its
-    output columns."""
-    spec, out, repeats, tables, upgraded = state.spec, state.out, state.repeats, state.tables, state.upgraded
-    out_input = out.input
-    connector, id_field, positional_ids = spec.connector, spec.id_field, spec.missing_id == "position"
-    seen_lines: dict[bytes, str | int] = repeats.seen if repeats is not None else {}
-    seen_keys: dict[str, str | int] = repeats.keys if repeats is not None else {}
-    repeated_in_batch, fresh = state.repeated_in_batch, state.fresh
-    add_input, add_type, add_key, add_ext, add_hash = (
-        out.input.append, out.type.append, out.key.append, out.ext.append, out.hash.append
-    )
-    add_payload, add_extra, add_props, add_errors = out.payload.append, out.extra.append, out.props.append, out.errors.append
-
-    def keep(i: int, raw: bytes, record: dict[str, Any], record_type: str, digest: str, ext_id: str) -> None:
-        key = f"{connector}:{record_type}:{ext_id}:{digest[:12]}"
-        if len(key) > MAX_KEY_LENGTH or not (ext_id.isascii() and ext_id.isprintable()):
-            key = record_key(connector, record_type, ext_id, digest)  # hashes an unsafe ext_id
-        row = len(out_input)
-        if repeats is not None:
-            known = seen_keys.get(key)
-            if known is not None:
-                if isinstance(known, int):
-                    repeated_in_batch.append((i, known))
-                else:
-                    repeats.count(known)
-                return
-            seen_keys[key] = row
-            if positional_ids and record.get(id_field) in (None, ""):
-                fresh.append((None, key, row))
-            else:
-                seen_lines[raw] = row
-                fresh.append((raw, key, row))
-        if upgraded and i in upgraded:
-            record = upgraded[i][1]  # coerced in the current shape; _payload stays as received
-        table = tables[record_type]
-        table.rows.append(row)
-        table.records.append(record)
-        if table.contract != DROP and not record.keys() <= table.skip:  # unknown fields: rare, only they cost
-            extra, props = table.unknown_fields(record, record_type)
-        else:
-            extra = props = None
-        add_input(i)
-        add_type(record_type)
-        add_key(key)
-        add_ext(ext_id)
-        add_hash(digest)
-        add_payload(raw)  # as received (jsonb keeps its numbers exactly), not the canonical form
-        add_extra(extra)
-        add_props(props)
-        add_errors(None)
-
-    return keep
 
 
 def _convert_tables(state: _Batch) -> dict[str, list[pa.Array]]:
@@ -781,38 +845,6 @@ def _shallow_fields(spec: RecordSpec) -> frozenset[str]:
     return frozenset((dynamic or set()) - read)
 
 
-def _upgrade(
-    record: dict[str, Any], record_type: str, version: Any, current: int, spec: RecordSpec
-) -> tuple[int, dict[str, Any], str]:
-    """A record that states (or whose connector declares) a version other than its table's
-    current one: ``(its version, the record upgraded through the migrations, its canonical
-    JSON)``, or a reject (rule ``schema_version`` or ``migration``). The version field is a
-    system field: the migrations never see it, and the upgraded record does not hold it."""
-    name = spec.version_field
-    stated = record.get(name) is not None
-    if version == current and type(version) is int:
-        return version, record, ""  # the connector's declared version is the current one after all
-    if type(version) is not int or version < 1:
-        shown = json.dumps(version, ensure_ascii=False)[:60]
-        raise _line_error("schema_version", f"field '{name}': {shown} is not a schema version (an integer >= 1)", name)
-    if version > current:
-        who = "record says" if stated else "connector declares"
-        raise _line_error("schema_version", f"{who} schema_version {version} but {record_type} is at {current}", name)
-    try:
-        result = spec.migrations.chains().upgrade(record_type, {k: v for k, v in record.items() if k != name}, version)
-        result.pop(name, None)
-        canonical = canonical_value_bytes(result)
-    except MigrationFailed as exc:
-        raise _line_error("migration", str(exc)) from None
-    except (TypeError, ValueError) as exc:  # the migration returned something JSON cannot hold
-        raise _line_error("migration", f"{record_type} upgraded from v{version} is not JSON: {exc}") from None
-    if (_NUL_ESCAPE in canonical and has_nul(result)) or (
-        _SURROGATE_ESCAPE in canonical and _lone_surrogate(result) is not None
-    ):
-        raise _line_error("migration", f"{record_type} upgraded from v{version} holds text PostgreSQL cannot store")
-    return version, result, canonical.decode("utf-8")
-
-
 def _versions(
     upgraded: dict[int, tuple[int, dict[str, Any], str]], out_input: list[int], out_errors: list[str | None]
 ) -> tuple[pa.Array, pa.Array]:
@@ -847,21 +879,6 @@ def _without_file_bom(raws: list[bytes | None], offsets: np.ndarray, lengths: np
     return lengths
 
 
-def _repeated_key_error(repeated: RepeatedKey) -> _Reject:
-    """A repeated key is a reject, not data: a parser would keep one of the values
-    silently, and which one is the parser's choice, not the producer's."""
-    key = json.dumps(repeated.key, ensure_ascii=False)
-    if len(key) > 62:
-        key = key[:60] + "…\""
-    where = repeated.where()
-    if len(where) > 200:
-        where = where[:100] + "…" + where[-99:]
-    times = "twice" if repeated.times == 2 else f"{repeated.times} times"
-    return _line_error(
-        "duplicate_key", f"object has the key {key} {times} (at {where})", str(repeated.path[0])
-    )
-
-
 def _metadata(meta: pa.Array, taken: np.ndarray, errors: list[str | None], *, keep: bool) -> pa.Array:
     """The output rows' source metadata: always on rejects (a poison message's key and
     offset), on good rows only when the connector keeps it."""
@@ -874,111 +891,9 @@ def _metadata(meta: pa.Array, taken: np.ndarray, errors: list[str | None], *, ke
     return pc.if_else(rejected, rows, pa.scalar(None, pa.string()))
 
 
-def _unknown(record: dict[str, Any], skip: frozenset[str]) -> tuple[str | None, str | None]:
-    """Fields no column declares: evolvable names (rendered as text) vs ``props`` (kept as JSON).
-
-    An evolvable field's JSON ``null`` stays ``null`` in ``_extra`` (the apply's
-    ``_extra ->> name`` makes it SQL NULL), as a declared ``string`` column stores it: the
-    text ``'null'`` would read as the string ``"null"``, which ``IS NULL`` misses and
-    ``idem retype`` counts as a failed cast.
-    """
-    extra: dict[str, str | None] = {}
-    props: dict[str, Any] = {}
-    for name in record.keys() - skip:
-        value = record[name]
-        if is_safe_column_name(name):
-            extra[name] = value if type(value) is str or value is None else canonical_value_bytes(value).decode("ascii")
-        else:
-            props[name] = value
-    return (
-        orjson.dumps(extra, option=orjson.OPT_SORT_KEYS).decode() if extra else None,
-        canonical_value_bytes(props).decode("ascii") if props else None,
-    )
-
-
-def _unknown_field_errors(record: dict[str, Any], skip: frozenset[str], record_type: str) -> list[dict[str, Any]]:
-    """A strict record type's reasons: one per unknown field, in name order (at most
-    :data:`MAX_UNKNOWN_REASONS`, then one that counts the rest)."""
-    names = sorted(record.keys() - skip)
-    errors: list[dict[str, Any]] = [
-        {
-            "field": name,
-            "rule": "unknown_field",
-            "message": f"field '{name if len(name) <= 64 else name[:60] + '…'}': not in the catalog of "
-            f"{record_type} (schema_contract: strict)",
-        }
-        for name in names[:MAX_UNKNOWN_REASONS]
-    ]
-    if len(names) > MAX_UNKNOWN_REASONS:
-        errors.append({
-            "field": None,
-            "rule": "unknown_field",
-            "message": f"{len(names) - MAX_UNKNOWN_REASONS} more fields are not in the catalog of "
-            f"{record_type} (schema_contract: strict)",
-        })
-    return errors
-
-
 def coerce_batches(batches: Iterator[pa.RecordBatch], spec: RecordSpec) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: coerce every batch of a partition."""
     for batch in batches:
         yield coerce_batch(batch, spec)
-
-
-def _route(record: dict[str, Any], type_field: str | None, builders: dict[str, _TableRows]) -> str:
-    if type_field is None:  # RecordSpec routes by field only when the connector names one
-        raise ValueError("routing by field needs a record_type_field")
-    value = record.get(type_field)
-    if value is None:
-        raise _line_error(
-            "record_type",
-            f"field '{type_field}' is {'null' if type_field in record else 'missing'}; "
-            "it names the record's type",
-            type_field,
-        )
-    if type(value) is not str or value not in builders:
-        known = ", ".join(sorted(builders))
-        raise _line_error(
-            "record_type",
-            f"field '{type_field}': {json.dumps(value, ensure_ascii=False)[:60]} is not a record type "
-            f"of this connector ({known})",
-            type_field,
-        )
-    return value
-
-
-def _ext_id(record: dict[str, Any], id_field: str, missing_id: str, source: str, digest: str) -> str:
-    try:
-        ext_id = ext_id_text(record.get(id_field))
-    except TypeError as exc:
-        raise _line_error("id", f"field '{id_field}' {exc}", id_field) from None
-    if ext_id:  # an empty string names nothing: it counts as missing, like null
-        return ext_id
-    if missing_id == "position":
-        return source
-    if missing_id == "content":
-        return digest
-    raise _line_error(
-        "id", f"field '{id_field}' is missing, null or empty and missing_id is 'reject'", id_field
-    )
-
-
-def _lone_surrogate(value: Any) -> str | None:
-    """The first lone surrogate in any key or string of a parsed value (JSON allows
-    ``"\\ud800"``; Unicode text, UTF-8 and PostgreSQL do not)."""
-    if isinstance(value, str):
-        found = _LONE_SURROGATE.search(value)
-        return found.group() if found else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found_in = _lone_surrogate(key) or _lone_surrogate(item)
-            if found_in is not None:
-                return found_in
-    elif isinstance(value, list):
-        for item in value:
-            found_in = _lone_surrogate(item)
-            if found_in is not None:
-                return found_in
-    return None
 
 

@@ -281,17 +281,17 @@ def test_a_batch_leaves_the_cyclic_collector_alone(monkeypatch: pytest.MonkeyPat
     process-wide, and the C path's records need no such thing (it untracks them)."""
     import gc
 
-    from idem_platform.coercion import records
+    from idem_platform.coercion import rules
 
     monkeypatch.setenv("IDEM_NATIVE", "0")  # the spy sits on the Python path's parse
     seen: list[bool] = []
-    parse = records.parse_and_canonicalize
+    parse = rules.parse_and_canonicalize
 
     def spying(raw: bytes) -> Any:
         seen.append(gc.isenabled())
         return parse(raw)
 
-    monkeypatch.setattr(records, "parse_and_canonicalize", spying)
+    monkeypatch.setattr(rules, "parse_and_canonicalize", spying)
     assert gc.isenabled()
     run([b'{"type":"thing","id":"t1","name":"a"}'])
     assert seen == [True] and gc.isenabled()

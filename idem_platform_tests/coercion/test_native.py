@@ -236,19 +236,18 @@ THREAT_FEED = [
 
 @needs_native
 def test_ordinary_records_all_take_the_c_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch of ordinary records reaches the Python loop only for its repeats' bookkeeping, not one by one."""
+    """A batch of ordinary records gets every line's facts from C: the Python path parses none of them."""
+    from idem_platform.coercion import rules
+
     lines = [json.dumps(record, ensure_ascii=False).encode() for record in THREAT_FEED]
-    handed: list[int] = []
-    original = native.coerce_lines
+    handed: list[bytes] = []
+    original = rules.parsed
 
-    def spy(raws: list[Any], plan: native.BatchPlan) -> None:
-        def decline(i: int) -> object:
-            handed.append(i)
-            return plan.decline(i)
+    def spy(raw: bytes, noun: str) -> Any:
+        handed.append(raw)
+        return original(raw, noun)
 
-        original(raws, replace(plan, decline=decline))
-
-    monkeypatch.setattr(native, "coerce_lines", spy)
+    monkeypatch.setattr(rules, "parsed", spy)
     out = coerce_batch(lines_batch(lines + lines[:10]), BASE_SPEC, RepeatedLines())
     assert handed == []
     assert out.num_rows == len(lines)

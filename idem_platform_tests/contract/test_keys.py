@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from idem_platform.contract.canonical import parse_and_canonicalize
 from idem_platform.contract.keys import (
@@ -17,6 +19,7 @@ from idem_platform.contract.keys import (
     parse_caller_key,
     record_key,
     record_key_of,
+    record_keys,
 )
 from idem_platform.errors import KeyValidationError
 from idem_platform_tests.helpers.paths import SPEC_DIR, shared_spec_dir
@@ -120,3 +123,30 @@ def test_caller_key_accepted(header: str | None, expected: str | None) -> None:
 def test_caller_key_rejected(header: str, message: str) -> None:
     with pytest.raises(KeyValidationError, match=message):
         parse_caller_key(header)
+
+
+_EXT_IDS = st.one_of(
+    st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40),  # the common, plain ids
+    st.text(max_size=300),  # any text: control characters, non-ASCII, surrogates, too long
+    st.sampled_from(["a\x7fb", "\x00", "é", "x" * 228, "x" * 229, "\ud800"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    batch=st.lists(
+        st.tuples(
+            st.sampled_from(["indicator", "malware", "threat-actor", "t" * 64]), _EXT_IDS,
+            st.text(alphabet="0123456789abcdef", min_size=12, max_size=40),
+        ),
+        max_size=20,
+    ),
+    connector=st.sampled_from(["feed", "c" * 64]),
+)
+def test_record_keys_are_record_key_of_each(batch: list[tuple[str, str, str]], connector: str) -> None:
+    """The batch form builds every key byte for byte as record_key does, whichever ids a
+    batch mixes (a batch with one id to hash hashes that one only)."""
+    types, ids, digests = [list(column) for column in zip(*batch, strict=True)] if batch else ([], [], [])
+    assert record_keys(connector, types, ids, digests) == [
+        record_key(connector, t, e, d) for t, e, d in batch
+    ]
