@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,44 @@ def test_multiple_files_commit_together(env: IdemConfig, spark: Any, capsys: pyt
     assert code == 0, err
     summary = json.loads(lines[0])
     assert summary["rows_written"] == 2 and len(summary["files"]) == 2
+
+
+RUNS_OF_JOB = """
+query ($job: String!) {
+  runsOrError(filter: {pipelineName: $job}) {
+    ... on Runs { results { runId pipelineName status tags { key value } } }
+  }
+}
+"""
+
+
+def test_an_ingest_run_is_a_dagster_run_of_its_job_with_its_origin(
+    env: IdemConfig, spark: Any, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``idem ingest``'s run names the code that defines its job (a job code origin: the
+    reconstructor and the config file), and a real webserver on the same instance lists it
+    among the job's runs."""
+    import dagster as dg
+
+    from idem_platform_tests.helpers.webserver import webserver
+
+    assert env.source is not None and env.connector("threatfeed").path is not None
+    path = write_lines(env.connector("threatfeed").path / "origin.ndjson", ['{"type":"malware","id":"o","name":"x"}'])
+    code, lines, err = run(capsys, "ingest", "--connector", "threatfeed", str(path))
+    assert code == 0, err
+    instance = dg.DagsterInstance.get()
+    (record,) = instance.get_run_records(dg.RunsFilter(job_name="threatfeed_ingest"))
+    run_ = record.dagster_run
+    assert run_.status == dg.DagsterRunStatus.SUCCESS and run_.tags["dagster/partition"] == "origin.ndjson"
+    origin = run_.job_code_origin
+    assert origin is not None and origin.job_name == "threatfeed_ingest"
+    assert origin.repository_origin.executable_path == sys.executable
+    summary = json.loads(lines[0])
+    with webserver(Path(os.environ["DAGSTER_HOME"]), tmp_path, env.source, pg_url) as api:
+        (shown,) = api.query(RUNS_OF_JOB, {"job": "threatfeed_ingest"})["runsOrError"]["results"]
+    assert (shown["runId"], shown["pipelineName"], shown["status"]) == (run_.run_id, "threatfeed_ingest", "SUCCESS")
+    assert {"key": "dagster/partition", "value": "origin.ndjson"} in shown["tags"]
+    assert summary["rows_written"] == 1
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,9 @@ from idem_platform.defs.summary import summary_from_metadata
 from idem_platform.defs.terminal import terminal_logger
 from idem_platform.errors import TerminalError
 
+# Dagster's documented tag of a run's partition (what ``execute_in_process(partition_key=)`` sets).
+PARTITION_TAG = "dagster/partition"
+
 
 class RunFailed(TerminalError):
     """A run in process failed: the message is its first error in one line.
@@ -38,35 +41,62 @@ class RunFailed(TerminalError):
         self.details = details
 
 
+def cli_ingest_job(config_path: str, connector_name: str) -> dg.JobDefinition:
+    """The connector's ingest job as ``idem ingest`` runs it, rebuilt from the config file.
+
+    The reconstructor of :func:`run_ingest_job`'s job: the run records this function and
+    its arguments as its job code origin (module, function, config path, connector), so
+    the run names the code that defines its job and can be rebuilt from it, as a run the
+    UI launches can. The person at the terminal may ingest any file of their own; the
+    code location's definitions (runs launched from the UI) read only the drop directory.
+    """
+    from idem_platform.config import load_config
+
+    config = load_config(config_path)
+    defs = build_definitions(config, files_outside_drop_dir=True)
+    return defs.resolve_job_def(job_name(config.connector(connector_name))).with_logger_defs(
+        {"console": terminal_logger}
+    )
+
+
 def run_ingest_job(
     config: IdemConfig, connector: ConnectorConfig, ingest_config: dict[str, Any], partition: str | None,
     *, replay: bool,
 ) -> dict[str, Any]:
     """Execute the connector's ingest job and return its commit summary.
 
+    The run is a Dagster run with a job origin (``dg.execute_job`` of a reconstructable
+    job: :func:`cli_ingest_job` on the config's file), executed here, in this process,
+    by the job's own in-process executor.
+
     Raises:
         RunFailed: the run failed, or recorded no commit summary.
     """
-    # The person at the terminal may ingest any file of their own; the code location's
-    # definitions (runs launched from the UI) read only the drop directory.
-    defs = build_definitions(config, files_outside_drop_dir=True)
-    job = defs.resolve_job_def(job_name(connector)).with_logger_defs({"console": terminal_logger})
     ingest_key, _, committed_key = asset_keys(connector)
     instance = dg.DagsterInstance.get()
     pool_storage_connections(instance)  # before the run's first event
+    tags = {"idem/replay": "true"} if replay else {}
     if partition is not None:
         assert not isinstance(connector, KafkaConnector), "a Kafka connector's runs have no partition"
         partitions = partitions_for(connector)
         if not instance.has_dynamic_partition(partitions.name or "", partition):
             instance.add_dynamic_partitions(partitions.name or "", [partition])
-    result = job.execute_in_process(
+        tags[PARTITION_TAG] = partition
+    if config.source is None:
+        raise RunFailed("idem ingest runs a config read from a file (its runs name that file as their origin)")
+    job = dg.build_reconstructable_job(
+        __name__,
+        cli_ingest_job.__name__,
+        reconstructable_kwargs={"config_path": str(config.source), "connector_name": connector.name},
+    )
+    result = dg.execute_job(
+        job,
+        instance=instance,
         run_config={
             "ops": {ingest_key.to_python_identifier(): {"config": ingest_config}},
             "loggers": {"console": {}},  # the terminal logger, not Dagster's default one
         },
-        instance=instance,
-        partition_key=partition,
-        tags={"idem/replay": "true"} if replay else {},
+        tags=tags,
         raise_on_error=False,
     )
     if not result.success:

@@ -14,7 +14,11 @@ offer a "Materialize" that would write it any other way. Instead,
 * the asset's IO manager (``idem_table_io_manager``,
   :class:`~idem_platform.defs.io_managers.TableIOManager`) makes it loadable: an
   asset with ``ins={"indicator": dg.AssetIn(table_key("indicator"))}`` receives
-  the table as a lazy Spark DataFrame in its current schema version.
+  the table as a lazy Spark DataFrame in its current schema version;
+* its ``dagster/column_lineage`` names the field of each writer's ``committed`` asset
+  that feeds each column (:func:`column_lineage`), and its materializations, recorded on
+  the instance by the committing run, are what ``AutomationCondition.eager()`` on a
+  downstream asset reacts to: it runs once after each commit that wrote the table.
 
 The table assets are unpartitioned although ``committed`` is partitioned per file or
 offset range: a table holds every partition's rows (``AllPartitionMapping``).
@@ -155,6 +159,27 @@ def live_schema(spec: TableSpec, columns: Mapping[str, str]) -> dg.TableSchema:
     return dg.TableSchema(columns=out)
 
 
+def column_lineage(schema: dg.TableSchema, spec: TableSpec, connectors: list[ConnectorConfig]) -> dg.TableColumnLineage:
+    """Which field of which connector feeds each column of the table (``dagster/column_lineage``).
+
+    A typed column is the record's field of the same name, from every connector that
+    writes the type (its ``committed`` asset, the commit that wrote the row). idem's own
+    columns and ``props`` are derived from the record as received: they depend on
+    ``_payload``. The UI draws this as column-level lineage from the connectors' commits.
+    """
+    typed = set(spec.column_names())
+    committed = [asset_keys(c)[2] for c in connectors]
+    return dg.TableColumnLineage(
+        deps_by_column={
+            column.name: [
+                dg.TableColumnDep(asset_key=key, column_name=column.name if column.name in typed else "_payload")
+                for key in committed
+            ]
+            for column in schema.columns
+        }
+    )
+
+
 def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_KEYS) -> list[dg.AssetSpec]:
     """One loadable, non-materializable asset per record type a connector writes
     (loaded by ``resource_keys.table_io_manager``).
@@ -175,6 +200,7 @@ def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_
         spec = config.table_specs[record_type]
         meta = next((c.meta_column for c in connectors if c.meta_column), None)
         names = ", ".join(f"`{c.name}`" for c in connectors)
+        schema = declared_schema(spec, meta_column=meta)
         specs.append(
             dg.AssetSpec(
                 table_key(record_type),
@@ -193,7 +219,8 @@ def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_
                 ),
                 metadata={
                     "dagster/table_name": table_name(record_type),
-                    "dagster/column_schema": declared_schema(spec, meta_column=meta),
+                    "dagster/column_schema": schema,
+                    "dagster/column_lineage": column_lineage(schema, spec, connectors),
                     "schema_version": spec.schema_version,
                 },
             ).with_io_manager_key(resource_keys.table_io_manager)

@@ -10,11 +10,17 @@ Dagster's Python API into a real PostgreSQL.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
+import dagster as dg
 import psycopg
+from dagster.components.testing import create_defs_folder_sandbox
 
+from idem_platform import IdemComponent
+from idem_platform.defs.tables import TABLE_GROUP, table_key
 from idem_platform_tests.helpers import dg_project
+from idem_platform_tests.helpers.config import write_config
 
 
 def test_two_components_beside_a_projects_own_code(tmp_path: Path, pg_url: str) -> None:
@@ -61,3 +67,43 @@ def test_two_components_beside_a_projects_own_code(tmp_path: Path, pg_url: str) 
         rows = conn.execute("SELECT count(*) FROM idem.feeds_a_event").fetchone()
         rejects = conn.execute("SELECT count(*) FROM idem.rejects").fetchone()
     assert rows == (3,) and rejects == (1,)
+
+
+def test_post_processing_sets_freshness_and_automation_on_the_table_assets() -> None:
+    """``post_processing`` targeting idem's table group reaches the ``idem/<record_type>``
+    specs (Dagster's own component sandbox: no project install, no database)."""
+    with create_defs_folder_sandbox() as sandbox:
+        defs_path = sandbox.defs_folder_path / "feeds"
+        defs_path.mkdir()
+        write_config(defs_path)
+        (defs_path / "template_vars.py").write_text(dg_project.TEMPLATE_VARS)
+        sandbox.scaffold_component(
+            IdemComponent,
+            defs_path="feeds",
+            defs_yaml_contents={
+                "type": "idem_platform.IdemComponent",
+                "template_vars_module": ".template_vars",
+                "attributes": {"config_file": "idem.yaml"},
+                "post_processing": {
+                    "assets": [
+                        {
+                            "target": f"group:{TABLE_GROUP}",
+                            "attributes": {
+                                "freshness_policy": "{{ daily }}",
+                                "automation_condition": "{{ automation_condition.eager() }}",
+                            },
+                        }
+                    ]
+                },
+            },
+        )
+        with sandbox.load_component_and_build_defs(defs_path=defs_path) as (component, defs):
+            assert isinstance(component, IdemComponent)
+            specs = {s.key: s for s in defs.resolve_all_asset_specs()}
+    table = specs[table_key("indicator")]
+    assert table.freshness_policy == dg.FreshnessPolicy.time_window(fail_window=timedelta(hours=25))
+    assert table.automation_condition == dg.AutomationCondition.eager()
+    # The table keeps its own metadata (lineage, schema) beside what post_processing set.
+    assert "dagster/column_lineage" in table.metadata and table.group_name == TABLE_GROUP
+    # Only the targeted group: the connector's assets keep no freshness policy.
+    assert specs[dg.AssetKey(["threatfeed", "committed"])].freshness_policy is None

@@ -133,6 +133,21 @@ def test_each_written_table_is_an_asset_downstream_of_its_writers(tmp_path: Path
     malware = next(s for s in defs.resolve_all_asset_specs() if s.key == table_key("malware"))
     assert "_kafka" in {c.name for c in malware.metadata["dagster/column_schema"].columns}
     assert "_kafka" not in columns
+    # Column lineage: a typed column is the field of that name from each writer's commit;
+    # idem's own columns and props come from the record as received (_payload).
+    lineage = spec.metadata["dagster/column_lineage"]
+    assert isinstance(lineage, dg.TableColumnLineage) and set(lineage.deps_by_column) == set(columns)
+    writers = [dg.AssetKey(["pushed", "committed"]), dg.AssetKey(["threatfeed", "committed"])]
+
+    def feeds(column: str) -> list[tuple[dg.AssetKey, str]]:
+        return sorted(((d.asset_key, d.column_name) for d in lineage.deps_by_column[column]), key=str)
+
+    assert feeds("confidence") == [(key, "confidence") for key in writers]
+    assert feeds("_idempotency_key") == feeds("props") == [(key, "_payload") for key in writers]
+    log = next(s for s in defs.resolve_all_asset_specs() if s.key == table_key("log"))
+    assert {d.asset_key for deps in log.metadata["dagster/column_lineage"].deps_by_column.values() for d in deps} == {
+        dg.AssetKey(["otel", "committed"])
+    }
     # committed's own metadata shows the same declared schema (one builder for both).
     declared = defs.resolve_assets_def(committed).metadata_by_key[committed]["columns/indicator"].schema
     assert [c.name for c in declared.columns] == list(columns)
@@ -247,6 +262,39 @@ def test_a_user_asset_receives_the_table_as_a_spark_dataframe(
     assert materialize_asset(threatfeed, pg_url, instance, latest_commit).success
     assert materialize_asset(threatfeed, pg_url, instance, first_three).success
     assert received["latest"] == ["z"] and received["limited"] == 3
+
+
+def test_a_commit_lets_an_eager_downstream_asset_run_once(
+    threatfeed: IdemConfig, pg_url: str, instance: dg.DagsterInstance, spark: Any
+) -> None:
+    """A user's asset chained off a table with ``AutomationCondition.eager()`` is requested
+    after each commit that wrote the table, once, and not after a replay (nothing written)."""
+
+    @dg.asset(deps=[INDICATOR], automation_condition=dg.AutomationCondition.eager())
+    def indicator_report() -> None: ...
+
+    defs = dg.Definitions.merge(build_definitions(threatfeed, postgres_url=pg_url), dg.Definitions(assets=[indicator_report]))
+    selection = dg.AssetSelection.assets(indicator_report.key)
+    cursor = None
+
+    def requested() -> bool:
+        nonlocal cursor
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, asset_selection=selection, cursor=cursor)
+        cursor = result.cursor
+        assert result.total_requested in (0, 1)
+        return result.get_num_requested(indicator_report.key) == 1
+
+    assert not requested()  # the table has never been written: nothing to chain off
+    ingest(threatfeed, pg_url, instance, "eager-1.ndjson", LINES)
+    assert requested()
+    assert not requested()  # no new commit: not again
+    ingest(threatfeed, pg_url, instance, "eager-2.ndjson", ['{"type":"indicator","id":"i9","name":"z"}'])
+    assert requested()
+    ingest(threatfeed, pg_url, instance, "eager-1.ndjson", LINES)  # a replay writes nothing
+    assert not requested()
+    # A commit that wrote only another table leaves the indicator's readers alone.
+    ingest(threatfeed, pg_url, instance, "eager-3.ndjson", ['{"type":"malware","id":"m9","name":"y"}'])
+    assert not requested()
 
 
 READINGS_V1 = """
