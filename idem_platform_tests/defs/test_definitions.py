@@ -83,6 +83,26 @@ def test_definitions_expose_assets_job_sensor_schedule_and_checks(threatfeed: Id
     assert isinstance(ingest.partitions_def, dg.DynamicPartitionsDefinition)
 
 
+def test_a_connector_has_one_spelling_and_its_sensor_names_what_it_watches(threatfeed: IdemConfig) -> None:
+    # The example's http connector is threatfeed-push: every Dagster name of it says threatfeed_push.
+    full = write_config(Path(str(threatfeed.source)).parent, EXAMPLE_CONFIG.read_text(encoding="utf-8"))
+    defs = build_definitions(full)
+    graph = defs.resolve_asset_graph()
+    push = {key.to_user_string() for key in graph.get_all_asset_keys() if key.path[0].startswith("threatfeed_push")}
+    assert push == {"threatfeed_push/ingest", "threatfeed_push/coerced", "threatfeed_push/committed"}
+    assert not any("-" in key.path[0] for key in graph.get_all_asset_keys())
+    assert {graph.get(dg.AssetKey(["threatfeed_push", part])).group_name for part in ("ingest", "committed")} == {"threatfeed_push"}
+    job = defs.resolve_job_def("threatfeed_push_ingest")
+    assert {node.name for node in job.graph.node_dict.values()} >= {"threatfeed_push__ingest", "threatfeed_push__committed"}
+    sensors = {s.name: s.job_name for s in defs.sensors or []}
+    assert sensors["threatfeed_filedrop_sensor"] == "threatfeed_ingest"
+    assert sensors["threatfeed_push_push_sensor"] == "threatfeed_push_ingest"
+    assert sensors["otel_otlp_sensor"] == "otel_ingest"
+    assert not any("filedrop" in name for name in sensors if not name.startswith("threatfeed_filedrop"))
+    # The CLI takes the name as written or as the UI spells it.
+    assert full.connector("threatfeed_push") is full.connector("threatfeed-push")
+
+
 def test_job_commits_a_partition_and_reports_it(
     threatfeed: IdemConfig, pg_url: str, instance: dg.DagsterInstance, spark: Any
 ) -> None:

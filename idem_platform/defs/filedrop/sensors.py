@@ -45,6 +45,7 @@ import psycopg
 
 from idem_platform.config import FileConnector
 from idem_platform.contract.keys import file_key_from_digest
+from idem_platform.defs.connector.names import sensor_name
 from idem_platform.defs.filedrop.decisions import (
     Asked,
     Choice,
@@ -153,7 +154,7 @@ def build_filedrop_sensor(
     job_name = str(job.name)
 
     @dg.sensor(
-        name=f"{connector.name.replace('-', '_')}_filedrop_sensor",
+        name=sensor_name(connector),
         job=job,
         minimum_interval_seconds=connector.sensor_interval,
         default_status=dg.DefaultSensorStatus.RUNNING,
