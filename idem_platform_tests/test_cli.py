@@ -173,7 +173,7 @@ def test_urls_are_shown_without_their_password() -> None:
         (
             "connectors:\n  - {name: feed-a, kind: filedrop, path: d, record_type: t}\n"
             "  - {name: feed_a, kind: filedrop, path: d, record_type: t}\ntables:\n  t: {columns: {a: string}}\n",
-            "connector names 'feed-a' and 'feed_a' name the same Dagster job and sensor",
+            "connector names 'feed-a' and 'feed_a' are both 'feed_a' in Dagster (asset keys, group, job, sensor",
         ),
     ],
 )

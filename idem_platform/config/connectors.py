@@ -118,6 +118,18 @@ class ConnectorBase(ConfigModel):
         "coerce this connector's records import to upgrade a record older than its table.",
     )
 
+    @property
+    def identifier(self) -> str:
+        """The connector's one spelling in Dagster: its name with ``-`` as ``_``.
+
+        Dagster's group, job, op and sensor names take no ``-`` while asset keys do, so
+        ``threatfeed-push`` used to show as two spellings in the UI; every Dagster name of
+        the connector (asset key prefix, group, job, ops, sensor, partitions) now uses this
+        one, and :class:`~idem_platform.config.IdemConfig` refuses two connectors sharing it.
+        What idem stores (ledger rows, record keys, the ``idem/connector`` tag) and what the
+        CLI and ``idem serve`` accept keep the name as written in ``idem.yaml``."""
+        return self.name.replace("-", "_")
+
     @field_validator("table_contracts", "migrations", mode="before")
     @classmethod
     def _set_by_config(cls, value: Any) -> Any:

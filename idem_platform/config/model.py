@@ -102,15 +102,15 @@ class IdemConfig(ConfigModel):
     def _references(self) -> IdemConfig:
         seen: dict[str, str] = {}
         for connector in self.connectors:
-            # Dagster names (jobs, sensors, groups) turn '-' into '_': feed-a and feed_a would clash.
-            name = connector.name.replace("-", "_")
+            # Every Dagster name of a connector is spelt with '_' for '-': feed-a and feed_a would clash.
+            name = connector.identifier
             if name in seen:
                 other = seen[name]
                 raise ValueError(
                     f"connector name {connector.name!r} is used twice"
                     if other == connector.name
-                    else f"connector names {other!r} and {connector.name!r} name the same Dagster job and sensor "
-                    "('-' and '_' are one character there); rename one"
+                    else f"connector names {other!r} and {connector.name!r} are both {name!r} in Dagster (asset "
+                    "keys, group, job, sensor: '-' and '_' are one character there); rename one"
                 )
             seen[name] = connector.name
             if connector.record_type is not None and connector.record_type not in self.tables:
@@ -207,13 +207,18 @@ class IdemConfig(ConfigModel):
         }
 
     def connector(self, name: str) -> ConnectorConfig:
-        """The connector called ``name``.
+        """The connector called ``name``: as written in ``idem.yaml`` or as Dagster spells it
+        (its :attr:`identifier`, ``threatfeed_push`` for ``threatfeed-push``), so a name copied
+        from the UI works too (two connectors never share an identifier).
 
         Raises:
             ConfigError: naming the connectors that exist.
         """
         for connector in self.connectors:
             if connector.name == name:
+                return connector
+        for connector in self.connectors:
+            if connector.identifier == name:
                 return connector
         known = ", ".join(c.name for c in self.connectors) or "none"
         raise ConfigError(f"no connector named {name!r} (known: {known})", path=_str(self.source))

@@ -104,7 +104,7 @@ def run_ingest_job(
         raise RunFailed(message, details=details)
     for materialization in result.asset_materializations_for_node(committed_key.to_python_identifier()):
         if materialization.asset_key == committed_key:  # the step also reports the tables it wrote
-            return summary_from_metadata(materialization.metadata)
+            return summary_from_metadata(materialization.metadata, getattr(connector, "path", None))
     raise RunFailed("the run succeeded but recorded no commit summary")
 
 

@@ -35,13 +35,13 @@ class RetryRejectsConfig(dg.Config):
 
 
 def retry_job_name(connector: ConnectorConfig) -> str:
-    """``<connector>_retry_rejects`` (Dagster names take no ``-``)."""
-    return f"{connector.name.replace('-', '_')}_retry_rejects"
+    """``<connector>_retry_rejects`` (``<connector>``: its :attr:`identifier`, as every Dagster name of it)."""
+    return f"{connector.identifier}_retry_rejects"
 
 
 def retry_op_name(connector: ConnectorConfig) -> str:
     """The job's one op: ``<connector>__retry_rejects`` (op names are unique per code location)."""
-    return f"{connector.name.replace('-', '_')}__retry_rejects"
+    return f"{connector.identifier}__retry_rejects"
 
 
 def retry_metadata(summary: dict[str, Any]) -> dict[str, dg.MetadataValue]:

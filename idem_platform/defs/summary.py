@@ -12,6 +12,7 @@ are enough to rebuild the summary for machines (the CLI's JSON line, the checks,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -24,12 +25,50 @@ PER_TABLE = ("written", "skipped")
 REJECT_SAMPLE = 20
 REJECT_SCHEMA = dg.TableSchema(
     columns=[
-        dg.TableColumn("position", "string", description="where the record was: <file>#L<line>, <topic>-<partition>@<offset>"),
-        dg.TableColumn("field", "string"),
-        dg.TableColumn("rule", "string"),
-        dg.TableColumn("message", "string"),
+        dg.TableColumn(
+            "position", "string", description="where the record was: `<file sha256[:16]>#L<line>`, `<topic>-<partition>@<offset>`"
+        ),
+        dg.TableColumn("field", "string", description="the field the reason is about (empty: the whole record)"),
+        dg.TableColumn("rule", "string", description="the rule it broke (`parse`, `type`, `required`, ...)"),
+        dg.TableColumn("message", "string", description="the reason, for people (at most 300 characters)"),
     ]
 )
+
+
+FILE_FIELDS = ("file", "key", "bytes", "lines", "rows_written", "rows_skipped", "rows_rejected")
+"""What a ``files`` entry shows: the file and its figures. Its ``mtime_ns``, ``ctime_ns`` and
+``inode`` tell the sensor a file rewritten in place from the one committed; they stay in the
+ledger, where the sensor reads them, and mean nothing to a person."""
+
+METADATA_GLOSSARY = (
+    "Metadata of each materialization: `rows_written`, `rows_skipped` (keys already held, repeats, "
+    "blank lines), `rows_rejected` (quarantined in `idem.rejects`; `rejects` shows the first "
+    f"{REJECT_SAMPLE} reasons) and `reject_ratio`; `written/<record_type>` and `skipped/<record_type>` "
+    "per table, `tables` the same as a table; `commit_id` (`idem.commits`); `replayed` (nothing new: "
+    "`prior` holds the commit that wrote these records); `files` (path relative to the drop directory, "
+    "file key, bytes, lines and its own figures) or `offsets`; `schema_versions`, `timings`, `seconds`. "
+    "A batch run's partitions also share its totals as `batch_files` and `batch_rows_*`."
+)
+"""What ``committed``'s metadata entries mean: Dagster 1.13 metadata values carry no
+description of their own, so the asset's description says it once."""
+
+
+def shown_file(path: str, drop_dir: Path | None) -> str:
+    """``path`` relative to the drop directory (as its partition key names it), or as it is
+    when outside it (``idem ingest`` of any file) or when there is no drop directory."""
+    if drop_dir is None or not path:
+        return path
+    try:
+        return Path(path).resolve().relative_to(drop_dir.resolve()).as_posix()
+    except ValueError:
+        return path
+
+
+def _shown_files(files: list[dict[str, Any]], drop_dir: Path | None) -> list[dict[str, Any]]:
+    return [
+        {k: (shown_file(str(v), drop_dir) if k == "file" else v) for k, v in f.items() if k in FILE_FIELDS}
+        for f in files
+    ]
 
 
 def _table_markdown(tables: Mapping[str, Mapping[str, Any]]) -> str:
@@ -58,9 +97,16 @@ def reject_sample(rejects: list[tuple[str, list[dict[str, Any]]]]) -> dg.Metadat
 
 
 def summary_metadata(
-    summary: Mapping[str, Any], *, rejects: list[tuple[str, list[dict[str, Any]]]] | None = None
+    summary: Mapping[str, Any],
+    *,
+    rejects: list[tuple[str, list[dict[str, Any]]]] | None = None,
+    drop_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The metadata of a ``committed`` materialization."""
+    """The metadata of a ``committed`` materialization (``drop_dir``: what ``files`` are shown
+    relative to).
+
+    ``rows_written`` is the one figure of rows written: no ``dagster/row_count`` beside it
+    saying the same (the ``idem/<record_type>`` table assets carry the tables' row counts)."""
     metadata: dict[str, Any] = {}
     commit_id = summary.get("commit_id")
     metadata["commit_id"] = dg.MetadataValue.text(str(commit_id)) if commit_id else dg.MetadataValue.null()
@@ -86,7 +132,8 @@ def summary_metadata(
             metadata[f"props_fields/{record_type}"] = dg.MetadataValue.json(dict(counts["props_fields"]))
     for key in JSON_KEYS:
         if summary.get(key):
-            metadata[key] = dg.MetadataValue.json(summary[key])
+            value = _shown_files(list(summary[key]), drop_dir) if key == "files" else summary[key]
+            metadata[key] = dg.MetadataValue.json(value)
     for key in TEXT_KEYS:
         if summary.get(key):
             metadata[key] = dg.MetadataValue.text(str(summary[key]))
@@ -94,9 +141,6 @@ def summary_metadata(
         metadata["nothing_to_ingest"] = dg.MetadataValue.bool(True)
     if rejects:
         metadata["rejects"] = reject_sample(rejects)
-    # The rows this partition's records are in: a replay's are the prior commit's.
-    prior = summary.get("prior") or {}
-    metadata["dagster/row_count"] = dg.MetadataValue.int(int(summary.get("rows_written") or prior.get("rows_written") or 0))
     return metadata
 
 
@@ -113,11 +157,17 @@ def batch_metadata(summary: Mapping[str, Any], files: int) -> dict[str, Any]:
     return metadata
 
 
-def summary_from_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The commit's summary rebuilt from a ``committed`` materialization's metadata."""
+def summary_from_metadata(metadata: Mapping[str, Any], drop_dir: Path | None = None) -> dict[str, Any]:
+    """The commit's summary rebuilt from a ``committed`` materialization's metadata
+    (``drop_dir``: the drop directory its ``files`` are relative to, made whole again)."""
     values = {key: getattr(value, "value", value) for key, value in metadata.items()}
     summary: dict[str, Any] = {key: values.get(key) for key in FLAT_KEYS}
-    summary["files"] = values.get("files") or []
+    summary["files"] = [
+        {**f, "file": str(drop_dir.resolve() / f["file"])}
+        if drop_dir is not None and f.get("file") and not Path(f["file"]).is_absolute()
+        else f
+        for f in values.get("files") or []
+    ]
     tables: dict[str, dict[str, Any]] = {}
     for key, value in values.items():
         kind, _, record_type = key.partition("/")

@@ -54,10 +54,11 @@ EXACT_COUNT_MAX_BYTES = 1 << 30
 # What the connectors' asset keys end with: a table key must not be one of them.
 _STEP_NAMES = ("ingest", "coerced", "committed")
 _COLUMN_NOTES = {
-    "_idempotency_key": "the record key: <connector>:<record_type>:<ext_id>:<sha1(canonical)[:12]>",
+    # Backticks: Dagster renders descriptions as markdown, where a bare <record_type> is an HTML tag.
+    "_idempotency_key": "the record key: `<connector>:<record_type>:<ext_id>:<sha1(canonical)[:12]>`",
     "_schema_version": "the schema version the row was written with",
     "_commit_id": "the commit (idem.commits) that wrote the row",
-    "_source": "where the record was: <file sha256[:16]>#L<line>, <topic>-<partition>@<offset>",
+    "_source": "where the record was: `<file sha256[:16]>#L<line>`, `<topic>-<partition>@<offset>`",
     "_payload": "the record as received",
     "_kafka": "the Kafka message's key, headers and timestamp",
     "props": "fields with no column of their own",
@@ -190,7 +191,7 @@ def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_
     """
     specs = []
     for record_type, connectors in writers(config).items():
-        if record_type in _STEP_NAMES and any(c.name == KEY_PREFIX for c in config.connectors):
+        if record_type in _STEP_NAMES and any(c.identifier == KEY_PREFIX for c in config.connectors):
             raise ConfigError(
                 f"record type {record_type!r} and connector {KEY_PREFIX!r} would both be the Dagster asset "
                 f"{KEY_PREFIX}/{record_type} (tables are keyed {KEY_PREFIX}/<record_type>); rename the connector",

@@ -77,10 +77,35 @@ def test_definitions_expose_assets_job_sensor_schedule_and_checks(threatfeed: Id
     columns = {c.name: c for c in declared["columns/indicator"].schema.columns}
     assert columns["confidence"].type == "integer" and columns["name"].constraints.nullable is False
     assert "_idempotency_key" in columns and "props" in columns
+    # Rendered as markdown in the UI: placeholders in backticks survive, bare <...> would be tags.
+    assert columns["_idempotency_key"].description == "the record key: `<connector>:<record_type>:<ext_id>:<sha1(canonical)[:12]>`"
+    sensor = defs.resolve_sensor_def("threatfeed_filedrop_sensor")
+    assert "500 files and 1 GiB (one commit" in (sensor.description or "") and "bytes" not in (sensor.description or "")
+    assert "`rows_written`" in (defs.resolve_assets_def(committed).descriptions_by_key[committed] or "")
     descriptions = [d.description or "" for d in defs.resolve_all_asset_specs()]
     assert not any(str(threatfeed.source.parent) in d or "DESIGN" in d for d in descriptions)  # no machine paths
     ingest = defs.resolve_assets_def(dg.AssetKey(["threatfeed", "ingest"]))
     assert isinstance(ingest.partitions_def, dg.DynamicPartitionsDefinition)
+
+
+def test_a_connector_has_one_spelling_and_its_sensor_names_what_it_watches(threatfeed: IdemConfig) -> None:
+    # The example's http connector is threatfeed-push: every Dagster name of it says threatfeed_push.
+    full = write_config(Path(str(threatfeed.source)).parent, EXAMPLE_CONFIG.read_text(encoding="utf-8"))
+    defs = build_definitions(full)
+    graph = defs.resolve_asset_graph()
+    push = {key.to_user_string() for key in graph.get_all_asset_keys() if key.path[0].startswith("threatfeed_push")}
+    assert push == {"threatfeed_push/ingest", "threatfeed_push/coerced", "threatfeed_push/committed"}
+    assert not any("-" in key.path[0] for key in graph.get_all_asset_keys())
+    assert {graph.get(dg.AssetKey(["threatfeed_push", part])).group_name for part in ("ingest", "committed")} == {"threatfeed_push"}
+    job = defs.resolve_job_def("threatfeed_push_ingest")
+    assert {node.name for node in job.graph.node_dict.values()} >= {"threatfeed_push__ingest", "threatfeed_push__committed"}
+    sensors = {s.name: s.job_name for s in defs.sensors or []}
+    assert sensors["threatfeed_filedrop_sensor"] == "threatfeed_ingest"
+    assert sensors["threatfeed_push_push_sensor"] == "threatfeed_push_ingest"
+    assert sensors["otel_otlp_sensor"] == "otel_ingest"
+    assert not any("filedrop" in name for name in sensors if not name.startswith("threatfeed_filedrop"))
+    # The CLI takes the name as written or as the UI spells it.
+    assert full.connector("threatfeed_push") is full.connector("threatfeed-push")
 
 
 def test_job_commits_a_partition_and_reports_it(
@@ -100,7 +125,12 @@ def test_job_commits_a_partition_and_reports_it(
     assert "| `idem.malware` | 1 | 0 | — |" in metadata["tables"]
     (reject,) = metadata["rejects"].records
     assert reject.data["rule"] == "json" and reject.data["position"].endswith("#L4")
-    assert metadata["files"][0]["file"] == str(path) and metadata["dagster/row_count"] == 3
+    (coerced,) = result.asset_materializations_for_node("threatfeed__coerced")
+    assert coerced.metadata["dagster/row_count"].value == 4  # the lines it coerces, garbage included
+    # files: relative to the drop directory, no inode or times; rows_written alone says how many rows
+    assert metadata["files"] == [{"file": "d1.ndjson", "key": metadata["files"][0]["key"], "bytes": path.stat().st_size,
+                                  "lines": 4, "rows_written": 3, "rows_skipped": 0, "rows_rejected": 1}]
+    assert "dagster/row_count" not in metadata
     logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
     assert any(m.startswith("slice 1/1 staged: 3 records so far") for m in logs)  # progress
     assert any(m.startswith("promoting 3 records into idem.") for m in logs)
@@ -142,7 +172,7 @@ def test_committed_alone_materializes_from_the_partitions_latest_plan(
     assert alone.success
     metadata = committed_metadata(alone)
     assert metadata["replayed"] is True and metadata["prior"]["commit_id"] == committed_metadata(first)["commit_id"]
-    assert metadata["dagster/row_count"] == 3  # the partition's rows, not the 0 this run wrote
+    assert metadata["rows_written"] == 0 and metadata["prior"]["rows_written"] == 3  # the partition's rows are the prior's
 
     never = write_lines(connector.path / "never.ndjson", GOOD)
     key = partition_key_for(connector, never)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from idem_platform.defs.summary import summary_from_metadata, summary_metadata
@@ -15,7 +16,7 @@ def _summary() -> dict[str, Any]:
         "rows_rejected": 0,
         "replayed": False,
         "seconds": 1.5,
-        "files": ["a.ndjson"],
+        "files": [{"file": "/drop/a.ndjson", "key": "filedrop:ab12", "bytes": 40, "lines": 4}],
         "tables": {
             "indicator": {
                 "written": 3,
@@ -41,6 +42,21 @@ def test_every_table_figure_survives_metadata_and_back() -> None:
     assert rebuilt["files"] == summary["files"]
     for key in ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed"):
         assert rebuilt[key] == summary[key]
+
+
+def test_files_are_shown_relative_to_the_drop_directory_without_inodes(tmp_path: Path) -> None:
+    """What the UI shows of a file: its path as its partition names it and its figures; the
+    stamps the sensor compares (inode, times) stay in the ledger. The CLI gets the path whole."""
+    inside = tmp_path / "drop" / "eu" / "a.ndjson"
+    entry = {"file": str(inside), "key": "filedrop:ab12", "bytes": 40, "lines": 4, "mtime_ns": 1, "ctime_ns": 2, "inode": 77}
+    outside = {**entry, "file": str(tmp_path / "elsewhere.ndjson")}
+    metadata = summary_metadata({**_summary(), "files": [entry, outside]}, drop_dir=tmp_path / "drop")
+    shown = metadata["files"].value
+    assert shown[0] == {"file": "eu/a.ndjson", "key": "filedrop:ab12", "bytes": 40, "lines": 4}
+    assert shown[1]["file"] == str(tmp_path / "elsewhere.ndjson") and "inode" not in shown[1]
+    assert "dagster/row_count" not in metadata  # rows_written says it once
+    rebuilt = summary_from_metadata(metadata, tmp_path / "drop")
+    assert [f["file"] for f in rebuilt["files"]] == [str(inside), str(tmp_path / "elsewhere.ndjson")]
 
 
 def test_props_fields_are_shown_with_their_reasons() -> None:

@@ -13,6 +13,7 @@ from idem_platform.defs.connector.commit import committed_result, run_commit
 from idem_platform.defs.connector.names import asset_keys, group_of
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
+from idem_platform.defs.summary import METADATA_GLOSSARY
 from idem_platform.defs.tables import declared_schema
 from idem_platform.pipeline.ingest import CoercedBatch, current_tables
 from idem_platform.write.batch import SourceBatch
@@ -67,13 +68,20 @@ def build_commit_assets(
             "running inside Spark tasks over Arrow batches: at commit time each slice's task "
             f"coerces and stages its {noun}; readers of the lazy frame get the same code through "
             f"mapInArrow. Bad {noun} become rejects with every reason; good rows carry their "
-            "record key. Lazy, like ingest. Idempotent."
+            "record key. Lazy, like ingest. Idempotent. Metadata: `dagster/row_count` (the "
+            f"{noun} to coerce, one row each, those of files or ranges committed before left out: how many "
+            "pass is `committed`'s figures), "
+            "`record_types` and, per record type, its catalog `columns`, `schema_versions` and "
+            "`schema_contracts`."
         ),
     )
     def coerced(context: dg.AssetExecutionContext, ingest: SourceBatch) -> dg.Output[CoercedBatch]:
         tables = current_tables(resource_keys.postgres_of(context).resolved_url, idem_config, connector)
         value = CoercedBatch(ingest, connector, tables)
-        return dg.Output(value, metadata=to_metadata(value.metadata()))
+        # The frame is lazy: one row per record it reads (good or rejected); units committed
+        # before (replays) are never read again.
+        rows = {"dagster/row_count": sum(unit.records for unit in ingest.pending)}
+        return dg.Output(value, metadata=to_metadata({**rows, **value.metadata()}))
 
     replay = (
         "Re-materializing a committed range writes nothing and reports the prior commit (replayed=true); "
@@ -97,7 +105,7 @@ def build_commit_assets(
         description=(
             "The batch committed to PostgreSQL exactly once: one transaction widens the tables, "
             f"inserts rows new by key,{moves} records rejects, the execution log, the commit "
-            f"and the ledger. {replay}"
+            f"and the ledger. {replay}\n\n{METADATA_GLOSSARY}"
         ),
     )
     def committed(context: dg.AssetExecutionContext, coerced: CoercedBatch) -> dg.MaterializeResult:

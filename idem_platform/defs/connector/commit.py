@@ -76,7 +76,9 @@ def committed_result(
         if len(partitions) > 1 and summary.get("commit_id"):
             metadata = _per_file_metadata(context, conn, coerced, summary, partitions)
         else:
-            metadata = summary_metadata(summary, rejects=_rejects(conn, summary.get("commit_id")))
+            metadata = summary_metadata(
+                summary, rejects=_rejects(conn, summary.get("commit_id")), drop_dir=getattr(coerced.connector, "path", None)
+            )
     for event in _table_events(context, coerced, summary, postgres):
         context.log_event(event)
     return dg.MaterializeResult(metadata=metadata)
@@ -106,7 +108,9 @@ def _per_file_metadata(
         key = str(source["key"])
         own = file_summary(source, figures.get(key), summary)
         context.add_asset_metadata(
-            summary_metadata(own, rejects=samples.get(key)), asset_key=context.asset_key, partition_key=partition
+            summary_metadata(own, rejects=samples.get(key), drop_dir=getattr(connector, "path", None)),
+            asset_key=context.asset_key,
+            partition_key=partition,
         )
     context.log.info(
         "batch commit %s of %d files: %d written, %d skipped, %d rejected in all; each file's partition "

@@ -21,6 +21,7 @@ from idem_platform.defs.connector.names import asset_keys, group_of
 from idem_platform.defs.filedrop.partitions import path_for_partition
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
+from idem_platform.defs.summary import shown_file
 from idem_platform.pipeline.ingest import check_cluster_reach, plan_batch, prepare_tables
 from idem_platform.redact import secrets_kept
 from idem_platform.sources.filedrop.scan import named_file_refusal, refused_text
@@ -160,6 +161,9 @@ def _build_filedrop_assets(
             "%d file(s), %d lines; %d already committed",
             len(batch.units), sum(u.records for u in batch.units), len(batch.replayed),
         )
-        return dg.Output(batch, metadata=to_metadata(batch.metadata()))
+        metadata = batch.metadata()
+        for key in ("files", "already_committed"):  # paths as the partitions name them
+            metadata[key] = [shown_file(path, connector.path) for path in metadata.get(key) or []]
+        return dg.Output(batch, metadata=to_metadata(metadata))
 
     return [ingest, *build_commit_assets(idem_config, connector, partitions, resource_keys)]

@@ -18,7 +18,7 @@ _FORBIDDEN = ("...", "\a", "\b", "\f", "\n", "\r", "\t", "\v", "\0")
 
 def partitions_for(connector: FileConnector) -> dg.DynamicPartitionsDefinition:
     """The connector's dynamic partitions definition (``<connector>_files``)."""
-    return dg.DynamicPartitionsDefinition(name=f"{connector.name.replace('-', '_')}_files")
+    return dg.DynamicPartitionsDefinition(name=f"{connector.identifier}_files")
 
 
 def partition_key_for(connector: FileConnector, path: str | Path) -> str:

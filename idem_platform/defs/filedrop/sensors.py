@@ -45,6 +45,7 @@ import psycopg
 
 from idem_platform.config import FileConnector
 from idem_platform.contract.keys import file_key_from_digest
+from idem_platform.defs.connector.names import sensor_name
 from idem_platform.defs.filedrop.decisions import (
     Asked,
     Choice,
@@ -57,6 +58,7 @@ from idem_platform.defs.filedrop.decisions import (
     solo_run_key,
 )
 from idem_platform.defs.filedrop.settling import Cursor, settled_files
+from idem_platform.defs.metadata import human_bytes
 from idem_platform.defs.resources import DEFAULT_KEYS, PostgresResource, ResourceKeys
 from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.pipeline.commit import owner_alive
@@ -153,7 +155,7 @@ def build_filedrop_sensor(
     job_name = str(job.name)
 
     @dg.sensor(
-        name=f"{connector.name.replace('-', '_')}_filedrop_sensor",
+        name=sensor_name(connector),
         job=job,
         minimum_interval_seconds=connector.sensor_interval,
         default_status=dg.DefaultSensorStatus.RUNNING,
@@ -161,9 +163,9 @@ def build_filedrop_sensor(
         description=(
             f"Watches {shown_path or directory} for settled files (unchanged across two looks, or landed whole "
             "by idem serve; dotfiles and "
-            "*.tmp/*.part/*.partial are ignored) and requests runs for the files the ledger has not "
+            "`*.tmp`, `*.part`, `*.partial` are ignored) and requests runs for the files the ledger has not "
             f"committed: new files in batches of up to {connector.max_files_per_run} files and "
-            f"{connector.max_bytes_per_run} bytes (one commit, a partition per file), every retry one "
+            f"{human_bytes(connector.max_bytes_per_run)} (one commit, a partition per file), every retry one "
             "file per run. Run keys carry the attempt number, so failed files are retried."
         ),
     )

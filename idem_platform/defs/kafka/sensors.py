@@ -19,6 +19,7 @@ from typing import Any
 import dagster as dg
 
 from idem_platform.config import KafkaConnector
+from idem_platform.defs.connector.names import sensor_name
 from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.errors import KafkaError
 from idem_platform.ledger import Ledger
@@ -42,10 +43,8 @@ def build_kafka_sensor(
     connector: KafkaConnector, job: Any, ingest_op: str, resource_keys: ResourceKeys = DEFAULT_KEYS
 ) -> dg.SensorDefinition:
     """The sensor of one Kafka connector (``resource_keys``: whose ``idem_postgres`` holds its offsets)."""
-    name = connector.name.replace("-", "_")
-
     @dg.sensor(
-        name=f"{name}_kafka_sensor",
+        name=sensor_name(connector),
         job=job,
         minimum_interval_seconds=connector.sensor_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,

@@ -134,6 +134,6 @@ def test_sensor_style_absolute_paths_and_relative_paths_inside_still_run(
     assert materialized.success
     (event,) = [m for m in materialized.asset_materializations_for_node("threatfeed__committed") if m.asset_key.path[-1] == "committed"]
     assert event.metadata["rows_written"].value == 1
-    assert event.metadata["files"].value[0]["file"] == str(second)
+    assert event.metadata["files"].value[0]["file"] == "nested/b.ndjson"  # as the Launchpad names it
     with connect(pg_url) as conn:
         assert conn.execute("SELECT count(*) FROM idem.commits").fetchone() == (2,)

@@ -311,7 +311,7 @@ def test_the_connectors_sensor_picks_up_what_idem_serve_lands_and_its_run_commit
             copying = directory / ("0" * 64 + ".ndjson")  # a landed name, but not what its bytes hash to
             copying.write_bytes(b'{"type": "malware", "id": "dg-3", "na')
             with dg.instance_for_test() as instance:
-                ticker = SensorTicker(config, instance, pg_url, "push_filedrop_sensor")
+                ticker = SensorTicker(config, instance, pg_url, "push_push_sensor")
                 assert ticker.sensor.minimum_interval_seconds == 5
                 # landed whole (fsync, rename): its run is asked on the first look
                 (request,) = ticker.tick().run_requests
