@@ -71,6 +71,7 @@ class CommitRequest:
     lock_wait_seconds: float = 600.0  # for another live run holding one of the batch's units
     table_lock_timeout_seconds: float = 120.0  # for the target tables' lock when applying
     progress: Callable[[str], None] | None = None  # told as each slice is staged and applied
+    count_per_unit: bool = False  # each unit's own figures (a run showing many files' partitions)
 
 
 def as_idem_error(exc: BaseException, url: str | None = None) -> errors.IdemError:
@@ -294,6 +295,7 @@ def _plan(request: CommitRequest, batch: SourceBatch, commit_id: str, tables: di
         meta_column=connector.meta_column,
         replayed_records=replayed_records(batch),
         lock_timeout_seconds=request.table_lock_timeout_seconds,
+        count_per_unit=request.count_per_unit,
     )
 
 

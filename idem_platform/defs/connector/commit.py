@@ -48,6 +48,8 @@ def run_commit(
         run_id=context.run.run_id,
         replay=context.run.tags.get(REPLAY_TAG, "").lower() == "true",
         progress=context.log.info,
+        # A run over many files' partitions shows each file's own figures.
+        count_per_unit=_many_partitions(context),
     )
 
     def session() -> Any:
@@ -65,6 +67,13 @@ def run_commit(
         " (replay)" if summary.get("replayed") else "",
     )
     return summary
+
+
+def _many_partitions(context: dg.AssetExecutionContext) -> bool:
+    """Whether the run covers several partitions (the sensor's batch of files, a backfill's range)."""
+    if context.has_partition_key or not context.has_partition_key_range:
+        return False
+    return len(context.partition_keys) > 1
 
 
 def committed_result(

@@ -31,7 +31,7 @@ class TableInserts:
         # Per record type, rows written per unit position prefix: only for a plan of
         # several units (a one-unit commit's unit wrote all of ``written``).
         self.written_by_prefix: dict[str, dict[str, int]] | None = (
-            {rt: {} for rt in self.plan.tables} if len(self.plan.units) > 1 else None
+            {rt: {} for rt in self.plan.tables} if plan.count_per_unit and len(self.plan.units) > 1 else None
         )
         self.added: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}
         self.to_props: dict[str, list[str]] = {rt: [] for rt in self.plan.tables}

@@ -58,6 +58,8 @@ def unit_counts(
     """
     if any(attempt.records is None for attempt in chosen):
         return None
+    if written_by_prefix is None and len(plan.units) > 1:
+        return None  # the inserts did not count per unit (the plan did not ask)
     records: dict[int, int] = {}
     for attempt in chosen:
         for index, count in (attempt.records or {}).items():
