@@ -1,4 +1,5 @@
-"""The ``idem`` command as a child process: its command line and its environment."""
+"""The ``idem`` command in this process (:func:`run`), or as a child process: its command line and
+its environment."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
+from idem_platform.cli import main
 from idem_platform.config import IdemConfig
 
 
@@ -31,3 +35,10 @@ def cli_env(pg_url: str, tmp_path: Path, config: IdemConfig, fault: str | None =
 def idem_command(*args: str) -> list[str]:
     """``idem ARGS…`` run by this interpreter."""
     return [sys.executable, "-m", "idem_platform.cli", *args]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], str]:
+    """``idem ARGV…`` in this process: its exit code, its non-blank stdout lines and its stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, [line for line in out.splitlines() if line.strip()], err

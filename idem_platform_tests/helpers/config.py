@@ -25,3 +25,18 @@ def write_config(directory: Path, text: str | None = None) -> IdemConfig:
     path = directory / "idem.yaml"
     path.write_text(body, encoding="utf-8")
     return parse_config(body, path)
+
+
+# One file-drop connector and one table with one required column: the idem.yaml the config
+# tests edit one key of to see each mistake reported.
+BASE = """
+connectors:
+  - name: feed
+    kind: filedrop
+    path: drop
+    record_type: thing
+tables:
+  thing:
+    columns:
+      name: {type: string, required: true}
+"""

@@ -1,4 +1,4 @@
-"""The child side of test_idempotency's 16-process race, in a module of its own.
+"""The child side of idempotency/test_call's 16-process race, in a module of its own.
 
 Spawned children import only this (psycopg and the ledger), not the test
 module and its conftest, so sixteen of them start quickly on a small machine.
