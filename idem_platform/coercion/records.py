@@ -619,17 +619,17 @@ def _remember(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines, ro
     fates = np.frombuffer(state.fate, dtype=np.uint8)
     at = np.flatnonzero(fates == _DIRECT).tolist()
     if at:  # (their keys are remembered for good already: _repeat_lines)
-        seen_lines.update(zip(_pick(raws, at), _pick(types, at)))
+        seen_lines.update(zip(_pick(raws, at), _pick(types, at), strict=True))
     at = np.flatnonzero(fates == _ROW).tolist()
     row_keys, row_rows = [keys[i] for i in at], [rows[i] for i in at]
-    seen_keys.update(zip(row_keys, row_rows))  # type: ignore[arg-type]
+    seen_keys.update(zip(row_keys, row_rows, strict=True))  # type: ignore[arg-type]
     if state.positional:  # a row keyed by its position is no repeat of its bytes: its line is not remembered
         row_raws = [None if i in state.positional else raws[i] for i in at]
-        seen_lines.update((raw, row) for raw, row in zip(row_raws, row_rows) if raw is not None)
+        seen_lines.update((raw, row) for raw, row in zip(row_raws, row_rows, strict=True) if raw is not None)
     else:
         row_raws = [raws[i] for i in at]
-        seen_lines.update(zip(row_raws, row_rows))  # type: ignore[arg-type]
-    state.fresh.extend(zip(row_raws, row_keys, row_rows))  # type: ignore[arg-type]
+        seen_lines.update(zip(row_raws, row_rows, strict=True))  # type: ignore[arg-type]
+    state.fresh.extend(zip(row_raws, row_keys, row_rows, strict=True))  # type: ignore[arg-type]
 
 
 def _direct_rows(state: _Batch, facts: native.LineFacts, direct: DirectRows) -> None:

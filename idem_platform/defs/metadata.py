@@ -7,7 +7,6 @@ from typing import Any
 
 import dagster as dg
 
-
 _BINARY_UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 

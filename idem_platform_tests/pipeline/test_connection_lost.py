@@ -24,7 +24,12 @@ from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform_tests.helpers.cli import cli_env, idem_command
 from idem_platform_tests.helpers.database import reset_database
-from idem_platform_tests.helpers.faults import act_when_held, leftovers, stored_records, terminate_backends
+from idem_platform_tests.helpers.faults import (
+    act_when_held,
+    leftovers,
+    stored_records,
+    terminate_backends,
+)
 from idem_platform_tests.helpers.ingest import ingest
 
 pytestmark = pytest.mark.slow

@@ -118,7 +118,7 @@ def test_sensor_style_absolute_paths_and_relative_paths_inside_still_run(
 ) -> None:
     directory = drop_dir(threatfeed)
     first = write_lines(directory / "a.ndjson", [RECORD])
-    second = write_lines(directory / "nested" / "b.ndjson", ['{"type":"malware","id":"m2","name":"y"}'])
+    write_lines(directory / "nested" / "b.ndjson", ['{"type":"malware","id":"m2","name":"y"}'])
     # What the sensor passes: the absolute path of a file in the drop directory.
     result = launch(threatfeed, pg_url, instance, [str(first)], partition=partition_key_for(threatfeed.connector("threatfeed"), first))
     assert result.success
