@@ -490,6 +490,7 @@ def _identifier(state: _Batch, facts: native.LineFacts) -> Callable[[int], None]
                 current = currents[record_type]
                 version = rules.stated_version(record, version_field, declared, current)
                 if version is not None:
+                    record = _whole(state, i, record)
                     upgraded[i] = rules.upgrade(record, record_type, version, current, version_field, migrations)
         except rules.Reject as reject:
             fate[i] = _REJECT
@@ -499,6 +500,18 @@ def _identifier(state: _Batch, facts: native.LineFacts) -> Callable[[int], None]
         fate[i], types[i], ids[i] = _ROW, record_type, ext_id
 
     return identify
+
+
+def _whole(state: _Batch, i: int, record: dict[str, Any]) -> dict[str, Any]:
+    """The line's record with every value: a migration reads the whole record, while the C
+    path leaves ``...`` for the fields the commit never reads (:func:`_shallow_fields`)."""
+    if not any(value is Ellipsis for value in record.values()):
+        return record
+    raw = state.raws[i]
+    assert raw is not None  # a line with a record has its bytes
+    got = native.canonical_line(raw, frozenset())  # type: ignore[misc]
+    assert got is not None  # the line parsed once already
+    return got[0]
 
 
 def _decide_direct(state: _Batch, facts: native.LineFacts, lines: np.ndarray, identify: Callable[[int], None]) -> None:

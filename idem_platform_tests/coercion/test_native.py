@@ -283,3 +283,38 @@ def test_the_c_path_leaves_its_records_to_reference_counting() -> None:
     assert not any(gc.is_tracked(container) for container in containers)
     record["c"]["d"]["loop"] = record["c"]
     assert gc.is_tracked(record["c"]["d"])
+
+
+@needs_native
+def test_an_upgraded_record_reads_its_dynamic_fields_whole_on_the_c_path(tmp_path: Path) -> None:
+    """A migration reads the whole record, the fields the commit never reads included (the C
+    path's ``...`` for ``dynamic`` columns): the same rows both ways, no ``...`` reaching a
+    migration (it was a ``migration`` reject: ``Object of type ellipsis is not JSON serializable``)."""
+    import uuid
+
+    from idem_platform.contract.catalog import Column, ColumnType, TableSpec
+    from idem_platform.migrations import MigrationSource
+    from idem_platform_tests.helpers import migrations_fixture
+
+    module = f"native_migrations_{uuid.uuid4().hex[:10]}"  # a fresh module: the registry is per module
+    shutil.copy(migrations_fixture.__file__, tmp_path / f"{module}.py")
+    columns = (Column("sensor", ColumnType("string"), True), Column("temperature", ColumnType("real")),
+               Column("labels", ColumnType("dynamic")))
+    spec = replace(
+        BASE_SPEC, tables={"reading": TableSpec("reading", 3, columns)}, record_type="reading", record_type_field=None,
+        declared_version=None, contracts={}, dynamic_values=False,
+        migrations=MigrationSource((module,), str(tmp_path), (("reading", 3),)),
+    )
+    lines = [
+        b'{"schema_version": 1, "id": "a", "sensor": "s", "temp": 50, "meta": ["m", 1]}',
+        b'{"schema_version": 2, "id": "b", "sensor": "t", "temperature": 60, "labels": {"c": 1}}',
+        b'{"id": "c", "sensor": "u", "temperature": 10.5, "labels": [1]}',
+    ]
+    both_ways(lines, spec, repeats=False, batches=1)
+    os.environ["IDEM_NATIVE"] = "1"
+    try:
+        rows = coerce_batch(lines_batch(lines), spec).to_pylist()
+    finally:
+        os.environ.pop("IDEM_NATIVE", None)
+    assert [row["_errors"] for row in rows] == [None, None, None]
+    assert json.loads(rows[1]["_upgraded"])["labels"] == {"c": 1}
