@@ -1,4 +1,7 @@
--- Safe casts for `idem promote` (explicit promotion of evolved text columns).
+-- Safe casts for `idem retype` (typed companions of evolved text columns; the command was
+-- `idem promote` when this version was written).
+-- The stored names (idem.promote_<kind>, this file's name) predate the rename to "retype" and
+-- stay: they live in users' databases and this version is applied once, never rewritten.
 --
 -- One function per target type, text in, typed value or NULL out; none ever raises
 -- (no exception block either: every input is checked before any cast that could
