@@ -1,4 +1,4 @@
-"""Retyping evolved text columns (``idem retype TYPE COLUMN --to KIND``, formerly ``idem promote``).
+"""Retyping evolved text columns (``idem retype TYPE COLUMN --to KIND``, was ``idem promote``).
 
 Schema evolution adds an unknown field as a nullable ``text`` column, and it stays
 text. Retyping gives such a column a **typed companion** beside it (never a

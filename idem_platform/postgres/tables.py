@@ -191,7 +191,7 @@ def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[s
 
 def record_catalog(conn: psycopg.Connection, spec: TableSpec) -> None:
     """Upsert the ``idem.catalog`` row of a record type."""
-    # "promoted_*": the keys predate the word "retype"; kept, users' queries of idem.catalog read them.
+    # "promoted_*": keys older than the word "retype", kept: queries of idem.catalog read them.
     columns = [
         {"name": c.name, "type": str(c.type), "required": c.required, "evolved": c.evolved}
         | ({"promoted_to": str(c.retyped), "promoted_column": c.typed_column} if c.retyped is not None else {})

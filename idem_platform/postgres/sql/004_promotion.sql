@@ -8,7 +8,7 @@
 -- fail), so a backfill batch or a commit's INSERT never fails on a value. They give
 -- what the type's ingest converter (DESIGN §3) makes of the text *read as JSON*: a
 -- text that is a JSON number, `true` or `false` is that value, any other text is the
--- string itself. So 42 and "42" (both stored as the text 42) promote alike, and a
+-- string itself. So 42 and "42" (both stored as the text 42) retype alike, and a
 -- row gets the same typed value whether the backfill or a later commit fills it.
 -- idem_platform/postgres/retype.py holds the same rules in Python
 -- (`reference_cast`), and the tests check one against the other.
