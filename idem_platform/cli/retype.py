@@ -17,7 +17,7 @@ from idem_platform.cli.options import AT_LEAST_ONE, IdemCommand, invocation, jso
 from idem_platform.cli.output import progress_line, terminal
 from idem_platform.cli.read import known_record_type
 from idem_platform.config import load_config
-from idem_platform.postgres.retype import human_report, promote_column
+from idem_platform.postgres.retype import human_report, retype_column
 
 
 @click.command("retype", cls=IdemCommand, short_help="Type an evolved text column.")
@@ -35,7 +35,7 @@ def retype(record_type: str, column: str, kind: str, batch_rows: int) -> dict[st
     known_record_type(config, record_type)
     url = prepare_environment()
     for_people = terminal(invocation().json)
-    report = promote_column(
+    report = retype_column(
         url, config.table_specs[record_type], column, kind, batch_rows=batch_rows,
         progress=progress_line if for_people else None,
     )

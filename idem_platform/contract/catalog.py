@@ -106,14 +106,14 @@ class Column:
     type: ColumnType
     required: bool = False
     evolved: bool = False  # added by schema evolution, not declared in idem.yaml
-    # ``idem promote``: a text column with a typed companion column (see
-    # :func:`typed_column_name`) that the commit fills beside it; ``None`` when not promoted.
-    promoted: ColumnType | None = None
+    # ``idem retype``: a text column with a typed companion column (see
+    # :func:`typed_column_name`) that the commit fills beside it; ``None`` when not retyped.
+    retyped: ColumnType | None = None
 
     @property
     def typed_column(self) -> str | None:
-        """The companion column of a promoted column (``_score__long``), else ``None``."""
-        return typed_column_name(self.name, self.promoted.kind) if self.promoted is not None else None
+        """The companion column of a retyped column (``_score__long``), else ``None``."""
+        return typed_column_name(self.name, self.retyped.kind) if self.retyped is not None else None
 
 
 @dataclass(frozen=True)
@@ -133,18 +133,18 @@ class TableSpec:
         extra = tuple(Column(n, STRING, evolved=True) for n in names if n not in known)
         return TableSpec(self.record_type, self.schema_version, self.columns + extra)
 
-    def with_promotions(self, promoted: dict[str, ColumnType]) -> TableSpec:
-        """This spec with ``promoted`` (text column -> target type) marked on its columns."""
-        if not promoted:
+    def with_retypes(self, retyped: dict[str, ColumnType]) -> TableSpec:
+        """This spec with ``retyped`` (text column -> target type) marked on its columns."""
+        if not retyped:
             return self
         columns = tuple(
-            dataclasses.replace(c, promoted=promoted[c.name]) if c.name in promoted else c for c in self.columns
+            dataclasses.replace(c, retyped=retyped[c.name]) if c.name in retyped else c for c in self.columns
         )
         return TableSpec(self.record_type, self.schema_version, columns)
 
-    def promoted_columns(self) -> tuple[Column, ...]:
+    def retyped_columns(self) -> tuple[Column, ...]:
         """The text columns that have a typed companion column."""
-        return tuple(c for c in self.columns if c.promoted is not None)
+        return tuple(c for c in self.columns if c.retyped is not None)
 
     def arrow_struct(self, *, spark: bool = False) -> pa.StructType:
         """The Arrow struct of this type's typed columns (the ``coerced`` frame's shape).
@@ -215,12 +215,12 @@ def is_safe_column_name(name: str) -> bool:
     )
 
 
-# ``idem promote TYPE COLUMN --to KIND``: the kinds an evolved text column may be promoted to.
-PROMOTABLE_KINDS = ("long", "real", "timestamp", "bool")
+# ``idem retype TYPE COLUMN --to KIND``: the kinds an evolved text column may be retyped to.
+RETYPE_KINDS = ("long", "real", "timestamp", "bool")
 
 
 def typed_column_name(name: str, kind: str) -> str:
-    """The typed companion column of text column ``name`` promoted to ``kind``.
+    """The typed companion column of text column ``name`` retyped to ``kind``.
 
     ``_<name>__<kind>`` (``_score__long``), or, when that would pass PostgreSQL's 63
     bytes, ``__<head of name>_<sha1 of name, 10 hex>__<kind>``. It starts with ``_``,

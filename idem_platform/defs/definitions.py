@@ -18,7 +18,7 @@ from idem_platform.defs.migrate import migrate_job
 from idem_platform.defs.rejects import rejects_definitions
 from idem_platform.defs.resources import ResourceKeys
 from idem_platform.defs.retype import JOB_NAME as RETYPE_JOB
-from idem_platform.defs.retype import promote_column_job
+from idem_platform.defs.retype import retype_job
 from idem_platform.defs.shared import database_resources
 from idem_platform.defs.tables import table_asset_specs
 from idem_platform.migrations import load_modules
@@ -113,7 +113,7 @@ def build_definitions(
 
     ``postgres_url_env`` names the database (see :func:`resources_for`); ``job_suffix``
     is appended to the jobs made from the whole config (``idem_migrate``,
-    ``idem_promote_column``), so two components' jobs never share a name.
+    ``idem_retype``), so two components' jobs never share a name.
     ``purge=False`` leaves out the database's ``ledger_purge_job`` and its hourly schedule
     (Dagster takes one job and schedule of a name: of the components on one database, one
     brings them).
@@ -143,7 +143,7 @@ def build_definitions(
     base = dg.Definitions(
         jobs=[
             *([purge_job] if purge else []),
-            promote_column_job(config, keys, name=RETYPE_JOB + job_suffix),
+            retype_job(config, keys, name=RETYPE_JOB + job_suffix),
             migrate_job(config, keys, name=MIGRATE_JOB + job_suffix),
         ],
         schedules=[schedule] if purge else [],

@@ -1,12 +1,12 @@
-"""The job ``idem_promote_column``: ``idem promote`` from Dagster (Launchpad, schedules, sensors).
+"""The job ``idem_retype``: ``idem retype`` from Dagster (Launchpad, schedules, sensors).
 
 Run config::
 
     ops:
-      promote_column:
+      retype:
         config: {record_type: malware, column: score, to: long, batch_rows: 50000}
 
-The op runs :func:`idem_platform.postgres.retype.promote_column` (typed companion
+The op runs :func:`idem_platform.postgres.retype.retype_column` (typed companion
 column under the commit path's lock order, then the batched backfill), logs each
 batch and the report, and attaches the report as the output's metadata.
 """
@@ -19,13 +19,14 @@ from pydantic import Field
 from idem_platform.config import IdemConfig
 from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.errors import IdemError
-from idem_platform.postgres.retype import DEFAULT_BATCH_ROWS, human_report, promote_column
+from idem_platform.postgres.retype import DEFAULT_BATCH_ROWS, human_report, retype_column
 
-JOB_NAME = "idem_promote_column"
+JOB_NAME = "idem_retype"  # was idem_promote_column (CHANGELOG)
+OP_NAME = "retype"
 
 
-class PromoteColumnConfig(dg.Config):
-    """Which evolved text column to promote, to what."""
+class RetypeConfig(dg.Config):
+    """Which evolved text column to retype, to what."""
 
     record_type: str = Field(description="the record type (table idem.<record_type>)")
     column: str = Field(description="an evolved text column of it")
@@ -33,7 +34,7 @@ class PromoteColumnConfig(dg.Config):
     batch_rows: int = Field(default=DEFAULT_BATCH_ROWS, ge=1, description="rows per backfill transaction")
 
 
-def promotion_metadata(report: dict[str, Any]) -> dict[str, Any]:
+def retype_metadata(report: dict[str, Any]) -> dict[str, Any]:
     """The report as materialization-style metadata."""
     examples = report["not_cast_examples"]
     rows = [(str(e["_idempotency_key"]), str(e["value"]).replace("|", r"\|")) for e in examples]
@@ -44,7 +45,7 @@ def promotion_metadata(report: dict[str, Any]) -> dict[str, Any]:
         "to": report["to"],
         "typed_column": report["typed_column"],
         "added": report["added"],
-        "rows_promoted": dg.MetadataValue.int(report["rows_promoted"]),
+        "rows_retyped": dg.MetadataValue.int(report["rows_retyped"]),
         "rows_not_cast": dg.MetadataValue.int(report["rows_not_cast"]),
         "not_cast_examples": dg.MetadataValue.md(table if examples else "every text cast"),
         "batches": dg.MetadataValue.int(report["batches"]),
@@ -54,7 +55,7 @@ def promotion_metadata(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def promote_column_job(
+def retype_job(
     config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_KEYS, name: str = JOB_NAME
 ) -> dg.JobDefinition:
     """The job for ``config``'s record types (their declared columns come from it; ``name``: a
@@ -62,14 +63,14 @@ def promote_column_job(
     specs = config.table_specs
 
     @dg.op(
-        name="promote_column" + name.removeprefix(JOB_NAME),  # op names are unique in a code location too
+        name=OP_NAME + name.removeprefix(JOB_NAME),  # op names are unique in a code location too
         required_resource_keys={resource_keys.postgres},
         description=(
             "Give an evolved text column a typed companion column (long, real, timestamp, bool) that new commits "
             "fill, and backfill existing rows in batches; values that do not cast stay text (typed null)."
         ),
     )
-    def promote_column_op(context: dg.OpExecutionContext, config: PromoteColumnConfig) -> dg.Output[dict[str, Any]]:
+    def retype_op(context: dg.OpExecutionContext, config: RetypeConfig) -> dg.Output[dict[str, Any]]:
         postgres = resource_keys.postgres_of(context)
         spec = specs.get(config.record_type)
         if spec is None:
@@ -77,7 +78,7 @@ def promote_column_job(
                 description=f"unknown record type {config.record_type!r} (known: {', '.join(sorted(specs))})"
             )
         try:
-            report = promote_column(
+            report = retype_column(
                 postgres.resolved_url,
                 spec,
                 config.column,
@@ -88,17 +89,17 @@ def promote_column_job(
         except IdemError as exc:
             raise dg.Failure(description=str(exc), allow_retries=exc.retryable) from exc
         context.log.info(human_report(report))
-        return dg.Output(report, metadata=promotion_metadata(report))
+        return dg.Output(report, metadata=retype_metadata(report))
 
     @dg.job(
         name=name,
         executor_def=dg.in_process_executor,
         description=(
-            "idem promote from Dagster: run config ops.promote_column.config = "
+            "idem retype from Dagster: run config ops.retype.config = "
             "{record_type, column, to, batch_rows}."
         ),
     )
     def job() -> None:
-        promote_column_op()
+        retype_op()
 
     return job

@@ -131,11 +131,11 @@ def declared_schema(spec: TableSpec, *, meta_column: str | None = None) -> dg.Ta
 
 def live_schema(spec: TableSpec, columns: Mapping[str, str]) -> dg.TableSchema:
     """The table's columns as PostgreSQL has them now (``columns``: :func:`existing_columns`),
-    in table order: evolved columns and ``idem promote``'s typed companions included."""
+    in table order: evolved columns and ``idem retype``'s typed companions included."""
     system = dict(SYSTEM_COLUMNS)
     effective = effective_spec(spec, dict(columns))
     by_name = {c.name: c for c in effective.columns}
-    companions = {c.typed_column: c for c in effective.promoted_columns()}
+    companions = {c.typed_column: c for c in effective.retyped_columns()}
     out = []
     for name, type_ in columns.items():
         if name in system:
@@ -145,8 +145,8 @@ def live_schema(spec: TableSpec, columns: Mapping[str, str]) -> dg.TableSchema:
             notes = [str(column.type)]
             if column.evolved:
                 notes.append("added by schema evolution")
-            if column.promoted is not None:
-                notes.append(f"promoted to {column.promoted} in {column.typed_column}")
+            if column.retyped is not None:
+                notes.append(f"retyped to {column.retyped} in {column.typed_column}")
             out.append(
                 dg.TableColumn(
                     name, type_, description=", ".join(notes),
@@ -154,7 +154,7 @@ def live_schema(spec: TableSpec, columns: Mapping[str, str]) -> dg.TableSchema:
                 )
             )
         elif name in companions:
-            out.append(dg.TableColumn(name, type_, description=f"typed companion of {companions[name].name} (idem promote)"))
+            out.append(dg.TableColumn(name, type_, description=f"typed companion of {companions[name].name} (idem retype)"))
         else:
             out.append(dg.TableColumn(name, type_, description=_COLUMN_NOTES.get(name)))
     return dg.TableSchema(columns=out)

@@ -378,8 +378,8 @@ def _stage_and_apply(
                 request.progress(_progress_line(plan, applying, done, time.monotonic() - stage_started))
         staged_seconds = time.monotonic() - stage_started
         if request.progress is not None:
-            request.progress(  # "promoting": the line's text is older than the word "apply"; kept
-                f"promoting {applying.records_staged:,} records into "
+            request.progress(
+                f"applying {applying.records_staged:,} records into "
                 + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
             )
         result = applying.finish()

@@ -1,7 +1,7 @@
-"""Explicit promotion of evolved text columns (``idem promote TYPE COLUMN --to KIND``).
+"""Retyping evolved text columns (``idem retype TYPE COLUMN --to KIND``, was ``idem promote``).
 
 Schema evolution adds an unknown field as a nullable ``text`` column, and it stays
-text. Promotion gives such a column a **typed companion** beside it (never a
+text. Retyping gives such a column a **typed companion** beside it (never a
 rewrite of the text column, which keeps every value as it was accepted):
 
 * the companion is named by :func:`~idem_platform.contract.catalog.typed_column_name`
@@ -10,14 +10,16 @@ rewrite of the text column, which keeps every value as it was accepted):
   the record type's catalog row ``FOR UPDATE``, then the table (``ALTER TABLE``
   in short ``lock_timeout`` tries, the whole transaction retried, so readers and
   ingests wait 2 s at most per try) — and the catalog row records it
-  (``promoted_to``, ``promoted_column``);
+  (``promoted_to``, ``promoted_column``: keys older than the word "retype", kept because
+  users' queries of ``idem.catalog`` read them);
 * from then on every commit fills it from the same text (see
   :mod:`idem_platform.write.apply.rows`), and existing rows are **backfilled** in
   batches of ``batch_rows`` (one transaction each, keyset order on the primary
   key; only rows whose companion is null and text is not: resumable, idempotent);
 * the typed value is what the type's ingest converter (DESIGN §3) makes of the
   text *read as JSON* (:func:`reference_cast`): computed in PostgreSQL by the safe
-  casts of ``sql/004_promotion.sql`` (``idem.promote_<kind>``), which never raise,
+  casts of ``sql/004_promotion.sql`` (``idem.promote_<kind>``: stored names older than
+  the word "retype", kept), which never raise,
   for the backfill and for new rows alike. A text that does not cast leaves the
   companion null: it is no reject (the record was accepted before), and the
   report counts it with examples.
@@ -25,8 +27,8 @@ rewrite of the text column, which keeps every value as it was accepted):
 Readers get ``coalesce(companion, text)`` under the column's name from ``idem
 read`` (:func:`row_json`); SQL users select
 ``coalesce(to_jsonb("_score__long"), to_jsonb(score))`` or the companion itself.
-No Dagster here: ``idem promote`` and the Dagster job ``idem_promote_column`` both
-call :func:`promote_column`.
+No Dagster here: ``idem retype`` and the Dagster job ``idem_retype`` both
+call :func:`retype_column`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from psycopg import sql
 from idem_platform.coercion.converters import FieldError, converter_for
 from idem_platform.contract.canonical import InvalidJSON, parse_and_canonicalize
 from idem_platform.contract.catalog import (
-    PROMOTABLE_KINDS,
+    RETYPE_KINDS,
     Column,
     ColumnType,
     TableSpec,
@@ -66,23 +68,24 @@ EXAMPLES = 5  # rows that did not cast, shown per run
 EXAMPLE_CHARS = 200
 
 
-class PromotionRefused(TerminalError):
-    """The column cannot be promoted (unknown, declared, promoted to another type...)."""
+class RetypeRefused(TerminalError):
+    """The column cannot be retyped (unknown, declared, retyped to another type...)."""
 
 
-class PromotionLockTimeout(TransientError):
-    """The catalog row or the table stayed locked by others past the promotion's lock timeout."""
+class RetypeLockTimeout(TransientError):
+    """The catalog row or the table stayed locked by others past the retype's lock timeout."""
 
 
-def promote_cast(target: Column | ColumnType | str) -> sql.Composable:
-    """The safe cast function of a promotion's type: ``idem.promote_long`` ..."""
+def retype_cast(target: Column | ColumnType | str) -> sql.Composable:
+    """The safe cast function of a retype's target: ``idem.promote_long`` ... (the SQL
+    functions keep the name they were stored under, see ``sql/004_promotion.sql``)."""
     if isinstance(target, Column):
-        if target.promoted is None:
-            raise ValueError(f"column {target.name!r} is not promoted")
-        target = target.promoted
+        if target.retyped is None:
+            raise ValueError(f"column {target.name!r} is not retyped")
+        target = target.retyped
     kind = target.kind if isinstance(target, ColumnType) else target
-    if kind not in PROMOTABLE_KINDS:
-        raise ValueError(f"no promotion to {kind!r}")
+    if kind not in RETYPE_KINDS:
+        raise ValueError(f"no retype to {kind!r}")
     return sql.Identifier(SCHEMA, f"promote_{kind}")
 
 
@@ -93,7 +96,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def text_as_json(text: str) -> Any:
-    """A promoted column's text read as JSON: a JSON number, ``true`` or ``false`` is that
+    """A retyped column's text read as JSON: a JSON number, ``true`` or ``false`` is that
     value (as the contract's parser reads it: ``1e400`` is none); any other text is the
     string itself (an RFC 3339 timestamp, ``n/a``, ``"42"`` with its quotes)."""
 
@@ -110,7 +113,7 @@ def text_as_json(text: str) -> Any:
 
 
 def reference_cast(kind: str, text: str) -> Any:
-    """The typed value of ``text`` promoted to ``kind``, or ``None`` when it does not cast.
+    """The typed value of ``text`` retyped to ``kind``, or ``None`` when it does not cast.
 
     The type's ingest converter (:func:`~idem_platform.coercion.converters.converter_for`)
     applied to :func:`text_as_json`; timestamps rounded to microseconds half up, as
@@ -133,26 +136,26 @@ def reference_cast(kind: str, text: str) -> Any:
 
 
 def row_json(spec: TableSpec, columns: dict[str, str], alias: str = "t") -> sql.Composable:
-    """A row of ``idem.<record_type>`` as jsonb, each promoted column holding
+    """A row of ``idem.<record_type>`` as jsonb, each retyped column holding
     ``coalesce(companion, text)`` under its own name and no companion shown beside it."""
     row = sql.Identifier(alias)
-    promoted = effective_spec(spec, columns).promoted_columns()
-    if not promoted:
+    retyped = effective_spec(spec, columns).retyped_columns()
+    if not retyped:
         return sql.SQL("to_jsonb({})").format(row)
-    companions = sql.SQL(", ").join(sql.Literal(c.typed_column) for c in promoted)
+    companions = sql.SQL(", ").join(sql.Literal(c.typed_column) for c in retyped)
     values = sql.SQL(", ").join(
         sql.SQL("{}, coalesce(to_jsonb({}.{}), to_jsonb({}.{}))").format(
             sql.Literal(c.name), row, sql.Identifier(str(c.typed_column)), row, sql.Identifier(c.name)
         )
-        for c in promoted
+        for c in retyped
     )
     return sql.SQL("(to_jsonb({}) - ARRAY[{}]::text[]) || jsonb_build_object({})").format(row, companions, values)
 
 
-# --- promoting
+# --- retyping
 
 
-def promote_column(
+def retype_column(
     url: str,
     spec: TableSpec,
     column: str,
@@ -162,7 +165,7 @@ def promote_column(
     lock_timeout_seconds: float = 120.0,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Promote evolved text column ``column`` of ``spec``'s table to ``to``, then backfill.
+    """Retype evolved text column ``column`` of ``spec``'s table to ``to``, then backfill.
 
     Args:
         url: PostgreSQL.
@@ -176,21 +179,22 @@ def promote_column(
 
     Returns:
         The report: ``record_type, column, to, typed_column, added``
-        (``False``: promoted before, this run only resumed the backfill),
-        ``rows_promoted, rows_not_cast, not_cast_examples`` (up to 5
-        ``{_idempotency_key, value}``), ``batches, batch_rows, seconds``.
+        (``False``: retyped before, this run only resumed the backfill),
+        ``rows_retyped, rows_not_cast, not_cast_examples`` (up to 5
+        ``{_idempotency_key, value}``), ``batches, batch_rows, seconds``; and
+        ``rows_promoted``, ``rows_retyped``'s former name, until the next release.
 
     Raises:
-        PromotionRefused: unknown table or column, a declared or system column, a
-            column promoted to another type, a bad ``to`` or ``batch_rows``.
-        PromotionLockTimeout: the locks stayed taken past ``lock_timeout_seconds``.
+        RetypeRefused: unknown table or column, a declared or system column, a
+            column retyped to another type, a bad ``to`` or ``batch_rows``.
+        RetypeLockTimeout: the locks stayed taken past ``lock_timeout_seconds``.
     """
-    if to not in PROMOTABLE_KINDS:
-        raise PromotionRefused(f"cannot promote to {to!r}: the types a text column promotes to are {', '.join(PROMOTABLE_KINDS)}")
+    if to not in RETYPE_KINDS:
+        raise RetypeRefused(f"cannot retype to {to!r}: the types a text column is retyped to are {', '.join(RETYPE_KINDS)}")
     if batch_rows < 1:
-        raise PromotionRefused(f"batch rows must be at least 1 (got {batch_rows})")
+        raise RetypeRefused(f"batch rows must be at least 1 (got {batch_rows})")
     started = time.monotonic()
-    with connect(url, autocommit=True, application_name="idem-promote") as conn:
+    with connect(url, autocommit=True, application_name="idem-retype") as conn:
         added, typed = _add_companion(conn, spec, column, ColumnType(to), lock_timeout_seconds)
         report: dict[str, Any] = {
             "record_type": spec.record_type,
@@ -222,9 +226,9 @@ def _with_lock_tries(conn: psycopg.Connection, what: str, timeout: float, work: 
                 return work()
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
             if time.monotonic() >= deadline:
-                raise PromotionLockTimeout(
+                raise RetypeLockTimeout(
                     f"waited {timeout:g} s for the locks on {what}: other sessions kept them (see pg_locks / "
-                    "pg_stat_activity); nothing was changed by the last try, run the promotion again"
+                    "pg_stat_activity); nothing was changed by the last try, run the retype again"
                 ) from exc
             time.sleep(0.5)
 
@@ -241,15 +245,15 @@ def _add_companion(
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_ID])
         conn.execute(f"SELECT 1 FROM {SCHEMA}.catalog WHERE record_type = %s FOR UPDATE", [record_type])
         columns = existing_columns(conn, record_type)
-        current = _promotable(spec, column, target, columns)
-        if current.promoted is not None:
-            return False  # promoted before, to this type: only the backfill resumes
+        current = _retypable(spec, column, target, columns)
+        if current.retyped is not None:
+            return False  # retyped before, to this type: only the backfill resumes
         add_column(conn, record_type, Column(typed, target))
         conn.execute(
             sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
                 table_ident(record_type),
                 sql.Identifier(typed),
-                sql.Literal(f"idem: text column {column} promoted to {target} (idem promote)"),
+                sql.Literal(f"idem: text column {column} retyped to {target} (idem retype)"),
             )
         )
         record_catalog(conn, effective_spec(spec, existing_columns(conn, record_type)))
@@ -259,40 +263,40 @@ def _add_companion(
     return bool(added), typed
 
 
-def _promotable(spec: TableSpec, column: str, target: ColumnType, columns: dict[str, str]) -> Column:
-    """The column as it is now, if it may be promoted to ``target``.
+def _retypable(spec: TableSpec, column: str, target: ColumnType, columns: dict[str, str]) -> Column:
+    """The column as it is now, if it may be retyped to ``target``.
 
     Raises:
-        PromotionRefused: saying why not.
+        RetypeRefused: saying why not.
     """
     table = f"idem.{spec.record_type}"
     if not columns:
-        raise PromotionRefused(f"table {table} does not exist yet: nothing was ingested into it, so it has no evolved columns")
+        raise RetypeRefused(f"table {table} does not exist yet: nothing was ingested into it, so it has no evolved columns")
     current = effective_spec(spec, columns)
     by_name = {c.name: c for c in current.columns}
     evolved = sorted(c.name for c in current.columns if c.evolved)
     found = by_name.get(column)
     if found is None:
         if column in columns:
-            raise PromotionRefused(
+            raise RetypeRefused(
                 f"column {column!r} of {table} is one of idem's own ({columns[column]}), not an evolved text column"
             )
-        raise PromotionRefused(
+        raise RetypeRefused(
             f"{table} has no column {column!r} (its evolved text columns: {', '.join(evolved) or 'none'})"
         )
     if not found.evolved:
-        raise PromotionRefused(
+        raise RetypeRefused(
             f"column {column!r} of {table} is declared in idem.yaml ({found.type}), not evolved: declared columns "
-            "change in idem.yaml, only evolved text columns are promoted"
+            "change in idem.yaml, only evolved text columns are retyped"
         )
-    if found.promoted is not None and found.promoted != target:
-        raise PromotionRefused(
-            f"column {column!r} of {table} is already promoted to {found.promoted} (column {found.typed_column}); "
-            f"a column is promoted once, not to {target}"
+    if found.retyped is not None and found.retyped != target:
+        raise RetypeRefused(
+            f"column {column!r} of {table} is already retyped to {found.retyped} (column {found.typed_column}); "
+            f"a column is retyped once, not to {target}"
         )
     typed = typed_column_name(column, target.kind)
-    if found.promoted is None and typed in columns:
-        raise PromotionRefused(
+    if found.retyped is None and typed in columns:
+        raise RetypeRefused(
             f"{table} already has a column {typed!r} ({columns[typed]}) that is not a {target} companion of {column!r}"
         )
     return found
@@ -334,10 +338,10 @@ def _backfill(
         table=table_ident(record_type),
         text=sql.Identifier(column),
         typed=sql.Identifier(typed),
-        cast=promote_cast(kind),
+        cast=retype_cast(kind),
     )
     after = ""  # every key sorts after it (keys are never empty)
-    promoted = not_cast = batches = 0
+    retyped = not_cast = batches = 0
     examples: list[dict[str, str]] = []
     while True:
         params = {"after": after, "limit": batch_rows, "chars": EXAMPLE_CHARS, "examples": EXAMPLES}
@@ -348,19 +352,20 @@ def _backfill(
         scanned, updated, last, failed, sample = _with_lock_tries(conn, f"rows of idem.{record_type}", timeout, work)
         if scanned:
             batches += 1
-            promoted += updated
+            retyped += updated
             not_cast += failed
             examples += [{"_idempotency_key": k, "value": v} for k, v in sample][: EXAMPLES - len(examples)]
             if progress is not None:
                 progress(
-                    f"idem.{record_type}.{column} -> {kind}: batch {batches}: {updated:,} promoted, "
+                    f"idem.{record_type}.{column} -> {kind}: batch {batches}: {updated:,} retyped, "
                     f"{failed:,} did not cast"
                 )
         if scanned < batch_rows:
             break
         after = last
     return {
-        "rows_promoted": promoted,
+        "rows_retyped": retyped,
+        "rows_promoted": retyped,  # the former key, kept until the next release (CHANGELOG)
         "rows_not_cast": not_cast,
         "not_cast_examples": examples,
         "batches": batches,
@@ -369,14 +374,14 @@ def _backfill(
 
 
 def human_report(report: dict[str, Any]) -> str:
-    """A promotion's report for a person at a terminal."""
+    """A retype's report for a person at a terminal."""
     head = (
-        f"idem.{report['record_type']}.{report['column']} promoted to {report['to']} "
+        f"idem.{report['record_type']}.{report['column']} retyped to {report['to']} "
         f"(column {report['typed_column']}, {'added now' if report['added'] else 'already there'})"
     )
     lines = [
         head,
-        f"  backfill: {report['rows_promoted']:,} rows promoted, {report['rows_not_cast']:,} did not cast "
+        f"  backfill: {report['rows_retyped']:,} rows retyped, {report['rows_not_cast']:,} did not cast "
         f"(text kept, typed null), {report['batches']:,} batch(es) of at most {report['batch_rows']:,} rows, "
         f"{report.get('seconds', 0):.1f} s",
     ]

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from idem_platform.contract.catalog import (
     MAX_IDENTIFIER_BYTES,
-    PROMOTABLE_KINDS,
+    RETYPE_KINDS,
     STRING,
     SYSTEM_COLUMNS,
     Column,
@@ -121,7 +121,7 @@ def add_system_column(conn: psycopg.Connection, record_types: list[str], name: s
 
 def effective_spec(spec: TableSpec, columns: dict[str, str]) -> TableSpec:
     """The declared spec plus text columns that evolution added earlier, each marked
-    with its promotion (``idem promote``) when its typed companion column exists."""
+    with its retype (``idem retype``) when its typed companion column exists."""
     system = {name for name, _ in SYSTEM_COLUMNS} | {"props"}
     declared = set(spec.column_names())
     evolved = [
@@ -130,17 +130,17 @@ def effective_spec(spec: TableSpec, columns: dict[str, str]) -> TableSpec:
         if name not in system and name not in declared and type_ == STRING.postgres
     ]
     widened = spec.with_evolved(evolved)
-    return widened.with_promotions(promotions(widened, columns))
+    return widened.with_retypes(retypes(widened, columns))
 
 
-def promotions(spec: TableSpec, columns: dict[str, str]) -> dict[str, ColumnType]:
-    """Text column -> promoted type, for the spec's text columns whose typed companion
+def retypes(spec: TableSpec, columns: dict[str, str]) -> dict[str, ColumnType]:
+    """Text column -> retyped type, for the spec's text columns whose typed companion
     column (:func:`~idem_platform.contract.catalog.typed_column_name`) exists with its type."""
     found: dict[str, ColumnType] = {}
     for column in spec.columns:
         if column.type != STRING:
             continue
-        for kind in PROMOTABLE_KINDS:
+        for kind in RETYPE_KINDS:
             target = ColumnType(kind)
             if columns.get(typed_column_name(column.name, kind)) == target.postgres:
                 found[column.name] = target
@@ -191,9 +191,10 @@ def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[s
 
 def record_catalog(conn: psycopg.Connection, spec: TableSpec) -> None:
     """Upsert the ``idem.catalog`` row of a record type."""
+    # "promoted_*": keys older than the word "retype", kept: queries of idem.catalog read them.
     columns = [
         {"name": c.name, "type": str(c.type), "required": c.required, "evolved": c.evolved}
-        | ({"promoted_to": str(c.promoted), "promoted_column": c.typed_column} if c.promoted is not None else {})
+        | ({"promoted_to": str(c.retyped), "promoted_column": c.typed_column} if c.retyped is not None else {})
         for c in spec.columns
     ]
     conn.execute(

@@ -9,7 +9,7 @@ this module is what both sides share, the plan's fields and the SQL they make.
 
 Partitions are ranges of ``_idempotency_key`` (boundaries from a page sample of
 the table, ``TABLESAMPLE SYSTEM``), not ranges of pages: a key never moves, so
-a row rewritten while the read runs (``idem migrate``, a promotion's backfill)
+a row rewritten while the read runs (``idem migrate``, a retype's backfill)
 is read once, in one version or the other, never twice and never not at all.
 An *ordered* read (``idem read``) uses ranges of ``(_ingested_at, _idempotency_key)``
 instead, each sorted by PostgreSQL: partition after partition, the rows come in
@@ -70,7 +70,7 @@ class ReadColumn:
         present: whether the table has it (a column declared since the last ingest has
             not been added yet: it reads null).
         role: ``system``, ``meta`` (``_kafka``), ``typed`` (a catalog column),
-            ``companion`` (a promoted column's typed value), ``props`` or ``error``.
+            ``companion`` (a retyped column's typed value), ``props`` or ``error``.
     """
 
     name: str
@@ -102,7 +102,7 @@ class ReadPlan:
     url: str
     record_type: str
     current_version: int
-    spec: TableSpec  # the effective catalog: declared, evolved and promoted columns
+    spec: TableSpec  # the effective catalog: declared, evolved and retyped columns
     columns: tuple[ReadColumn, ...]
     exists: bool = True
     commit_id: str | None = None

@@ -43,7 +43,7 @@ MAX_SAMPLED_ROWS = 400_000  # of the whole table, when a filter (a commit) reads
 
 def frame_columns(spec: TableSpec, existing: dict[str, str]) -> tuple[ReadColumn, ...]:
     """The frame's columns: idem's system columns, ``_kafka`` when the table has it, the
-    catalog's columns (declared and evolved), each promoted column's typed companion,
+    catalog's columns (declared and evolved), each retyped column's typed companion,
     ``props``, and the source's error column."""
     columns = [
         ReadColumn(name, _SYSTEM_KINDS.get(name, "text"), name in existing, "system") for name, _ in SYSTEM_COLUMNS
@@ -53,9 +53,9 @@ def frame_columns(spec: TableSpec, existing: dict[str, str]) -> tuple[ReadColumn
     for column in spec.columns:
         kind = _CATALOG_KINDS.get(column.type.kind, column.type.kind)
         columns.append(ReadColumn(column.name, kind, column.name in existing, "typed"))
-    for column in spec.promoted_columns():
-        assert column.promoted is not None and column.typed_column is not None
-        columns.append(ReadColumn(column.typed_column, column.promoted.kind, True, "companion"))
+    for column in spec.retyped_columns():
+        assert column.retyped is not None and column.typed_column is not None
+        columns.append(ReadColumn(column.typed_column, column.retyped.kind, True, "companion"))
     columns.append(ReadColumn("props", "json", "props" in existing, "props"))
     columns.append(ReadColumn(ERROR_COLUMN, "text", False, "error"))
     return tuple(columns)

@@ -4,7 +4,7 @@ The shape is the one ``idem read`` printed before reads went through Spark (a ro
 as PostgreSQL's ``to_jsonb`` renders it), so scripts that read it keep working:
 every column under its name, JSON columns (``_payload``, ``props``, ``dynamic``
 columns, ``_kafka``) as JSON, timestamps as ``2026-01-31T11:00:00.5+00:00``, vectors
-as arrays of their ``real`` values, and a promoted column as its typed value where
+as arrays of their ``real`` values, and a retyped column as its typed value where
 there is one, else its text (its companion column is not shown beside it). Keys come
 in the frame's column order, and ``_schema_version`` is the current version.
 """
@@ -56,20 +56,20 @@ def _values(array: pa.Array, kind: str) -> list[Any]:
 
 def render_batch(batch: pa.RecordBatch, plan: ReadPlan) -> pa.RecordBatch:
     """One batch of the source frame as ``(line, error)``."""
-    companions = {c.typed_column: c.name for c in plan.spec.promoted_columns()}
+    companions = {c.typed_column: c.name for c in plan.spec.retyped_columns()}
     shown: list[str] = []
     columns: list[list[Any]] = []
-    promoted: dict[str, list[Any]] = {}
+    retyped: dict[str, list[Any]] = {}
     for column in plan.columns:
         if column.role == "error":
             continue
         values = _values(batch.column(column.name), column.kind)
         if column.role == "companion":
-            promoted[companions[column.name]] = values
+            retyped[companions[column.name]] = values
             continue
         shown.append(column.name)
         columns.append(values)
-    for name, typed in promoted.items():  # a promoted column: its typed value, else its text
+    for name, typed in retyped.items():  # a retyped column: its typed value, else its text
         index = shown.index(name)
         columns[index] = [text if value is None else value for value, text in zip(typed, columns[index], strict=True)]
     errors = batch.column(ERROR_COLUMN)

@@ -42,7 +42,7 @@ class TableRead:
     Attributes:
         frame: lazy; its columns are idem's system columns (``_schema_version`` is the
             current version on every row), ``_kafka`` when the table has it, the typed
-            catalog columns (``dynamic`` ones as JSON text), each promoted column's typed
+            catalog columns (``dynamic`` ones as JSON text), each retyped column's typed
             companion, and ``props`` (JSON text).
         record_type: the table's record type.
         current_version: its ``schema_version`` in ``idem.yaml``.

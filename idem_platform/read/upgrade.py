@@ -10,7 +10,7 @@ upgraded row holds exactly what ingesting the upgraded record would write:
 
 * typed columns as ingest types them (timestamps to the microsecond, rounded half
   up; ``dynamic`` values as canonical JSON text);
-* a promoted column's companion as ``idem.promote_<kind>`` would cast its text
+* a retyped column's companion as ``idem.promote_<kind>`` would cast its text
   (:func:`~idem_platform.postgres.retype.reference_cast`, the cast's reference);
 * ``props``: the upgraded record's fields that are no column of the table (unless
   the connector's contract is ``drop``), as canonical JSON. A read adds no column,
@@ -216,12 +216,12 @@ class _Upgrade:
             for local, error in errors:
                 if local not in self.failures:
                     self._fail(local, self._misfit(key_of(local), versions[local], error))
-            if catalog.promoted is not None:
+            if catalog.retyped is not None:
                 texts[column.name] = array.to_pylist()
             out[column.name] = _frame_array(array, column.arrow)
-        for catalog in plan.spec.promoted_columns():
-            assert catalog.promoted is not None and catalog.typed_column is not None
-            kind = catalog.promoted.kind
+        for catalog in plan.spec.retyped_columns():
+            assert catalog.retyped is not None and catalog.typed_column is not None
+            kind = catalog.retyped.kind
             cast = [None if text is None else reference_cast(kind, text) for text in texts[catalog.name]]
             target = next(c.arrow for c in plan.columns if c.name == catalog.typed_column)
             out[catalog.typed_column] = pa.array(cast, type=target)

@@ -231,7 +231,7 @@ def test_a_task_past_its_key_memory_no_longer_vouches_for_distinct_keys() -> Non
     run_with([b'{"type":"other","id":%d}' % i for i in range(3)], repeats)
     assert not repeats.unique and repeats.keys == {} and repeats.seen == {}
     rows = run_with([b'{"type":"other","id":0}'], repeats, first_line=4)
-    assert len(rows) == 1  # no longer recognised: staged again, the promote sorts it out
+    assert len(rows) == 1  # no longer recognised: staged again, the apply sorts it out
 
 
 def run_with(lines: list[bytes], repeats: Any, first_line: int = 1) -> list[dict[str, Any]]:

@@ -133,7 +133,7 @@ def test_job_commits_a_partition_and_reports_it(
     assert "dagster/row_count" not in metadata
     logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
     assert any(m.startswith("slice 1/1 staged: 3 records so far") for m in logs)  # progress
-    assert any(m.startswith("promoting 3 records into idem.") for m in logs)
+    assert any(m.startswith("applying 3 records into idem.") for m in logs)
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"pandera_contract": True, "commit_consistency": True, "reject_ratio": False}
     assert {e.partition for e in result.get_asset_check_evaluations()} == {"d1.ndjson"}  # results per file

@@ -61,7 +61,7 @@ def test_idem_ingest_says_in_one_line_that_postgresql_closed_the_connection(
     lines = list(threatfeed_lines(2000, seed=41, duplicate_ratio=0.1, bad_ratio=0.01))
     path = write_lines(config.connector("threatfeed").path / "lost.ndjson", lines)  # type: ignore[operator]
     marker = tmp_path / "held"
-    env = cli_env(pg_url, tmp_path, config, f"during_promote:hold:{marker}")
+    env = cli_env(pg_url, tmp_path, config, f"during_apply:hold:{marker}")
     env.pop("DAGSTER_HOME")  # idem's own: .idem/dagster under IDEM_HOME, storage on PostgreSQL
     env["IDEM_HOME"] = str(tmp_path / "idem-home")
     process = subprocess.Popen(
@@ -104,7 +104,7 @@ def _ingest_losing_connections(url: str, config: IdemConfig, spark: Any, path: P
             helper.join()
 
 
-@pytest.mark.parametrize("point", ["before_promote", "during_promote", "after_promote"])
+@pytest.mark.parametrize("point", ["before_apply", "during_apply", "after_apply"])
 def test_terminated_backends_at_a_commit_point_leave_what_a_clean_load_leaves(
     pg_url: str, threatfeed: IdemConfig, spark: Any, point: str
 ) -> None:
@@ -117,13 +117,13 @@ def test_terminated_backends_at_a_commit_point_leave_what_a_clean_load_leaves(
     _fresh(pg_url, config)
 
     outcome = _ingest_losing_connections(pg_url, config, spark, path, point)
-    if point == "after_promote":  # COMMIT is done: the lost connection costs nothing
+    if point == "after_apply":  # COMMIT is done: the lost connection costs nothing
         assert isinstance(outcome, dict) and outcome["rows_written"] == clean["rows_written"], outcome
     else:
         assert isinstance(outcome, errors.TransientError), outcome
         assert "the server closed the connection (AdminShutdown" in str(outcome)
         assert stored_records(pg_url) == {"indicator": [], "malware": [], "threat-actor": [], "rejects": []}
     rerun = ingest(pg_url, config, spark, path)
-    assert rerun["replayed"] is (point == "after_promote")
+    assert rerun["replayed"] is (point == "after_apply")
     assert stored_records(pg_url) == reference
     assert leftovers(pg_url) == {"staging_tables": 0, "advisory_locks": 0, "unfinished": 0}

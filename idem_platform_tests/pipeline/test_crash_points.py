@@ -22,9 +22,9 @@ from idem_platform_tests.helpers.ingest import ingest
 
 pytestmark = pytest.mark.slow
 
-# Each point once (test_crash.py kills at before_promote and during_promote with a CLI rerun):
+# Each point once (test_crash.py kills at before_apply and during_apply with a CLI rerun):
 # right after the claim, inside the second slice's staging, just before COMMIT, just after it.
-POINTS = ("claimed", "staging:split=1", "before_promote", "after_promote")
+POINTS = ("claimed", "staging:split=1", "before_apply", "after_apply")
 
 
 def test_a_kill_at_every_point_then_a_rerun_leaves_what_a_clean_load_leaves(
@@ -49,7 +49,7 @@ def test_a_kill_at_every_point_then_a_rerun_leaves_what_a_clean_load_leaves(
         marker = tmp_path / f"{name}.pid"
         fault = f"{name}:pause:{marker}" + (f":{filters}" if filters else "")
         kill_at_fault(idem_command("ingest", "--connector", "threatfeed", str(path)), cli_env(pg_url, tmp_path, config, fault), marker)
-        committed = point == "after_promote"
+        committed = point == "after_apply"
         assert rows(pg_url, "SELECT count(*) FROM idem.commits") == [(int(committed),)], point
 
         rerun = ingest(pg_url, config, spark, path)

@@ -1,4 +1,4 @@
-"""`idem promote`: typed companions of evolved text columns, their backfill, new writes and reads.
+"""`idem retype`: typed companions of evolved text columns, their backfill, new writes and reads.
 
 Real PostgreSQL, the real ingest path on Spark, the CLI in process and the Dagster job.
 """
@@ -20,7 +20,7 @@ from idem_platform.cli import main
 from idem_platform.config import IdemConfig
 from idem_platform.contract.catalog import (
     MAX_IDENTIFIER_BYTES,
-    PROMOTABLE_KINDS,
+    RETYPE_KINDS,
     is_safe_column_name,
     typed_column_name,
 )
@@ -28,11 +28,11 @@ from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.retype import (
-    PromotionLockTimeout,
-    PromotionRefused,
+    RetypeLockTimeout,
+    RetypeRefused,
     human_report,
-    promote_column,
     reference_cast,
+    retype_column,
 )
 from idem_platform.samples import write_lines
 
@@ -44,7 +44,7 @@ MALWARE = [
     {"type": "malware", "id": "m4", "name": "d", "score": 3.5, "seen": "2026-02-30T00:00:00Z", "weight": -2},
     {"type": "malware", "id": "m5", "name": "e", "score": 9223372036854775808, "seen": "2026-01-31t12:00:00.1234565z"},
     {"type": "malware", "id": "m6", "name": "f", "score": 3.0},
-    {"type": "malware", "id": "m7", "name": "g"},  # no score: its text is null, nothing to promote
+    {"type": "malware", "id": "m7", "name": "g"},  # no score: its text is null, nothing to retype
 ]
 
 
@@ -107,12 +107,12 @@ def test_companion_names_are_idems_own_and_fit_postgresql() -> None:
     assert typed_column_name("score", "long") == "_score__long"
     names = set()
     for name in ("score", "a" * 51, "a" * 52, "a" * 63, "b" * 63, "x_" * 31):
-        for kind in PROMOTABLE_KINDS:
+        for kind in RETYPE_KINDS:
             typed = typed_column_name(name, kind)
             assert len(typed.encode()) <= MAX_IDENTIFIER_BYTES and typed.startswith("_")
             assert not is_safe_column_name(typed)  # no field can ever evolve into it
             names.add(typed)
-    assert len(names) == 6 * len(PROMOTABLE_KINDS)
+    assert len(names) == 6 * len(RETYPE_KINDS)
 
 
 def test_safe_casts_match_the_ingest_converters(pg_url: str) -> None:
@@ -145,7 +145,7 @@ def test_safe_casts_match_the_ingest_converters(pg_url: str) -> None:
         ]
     with connect(pg_url) as conn:
         conn.execute("SET TimeZone = 'America/New_York'")  # the session's zone never matters
-        for kind in PROMOTABLE_KINDS:
+        for kind in RETYPE_KINDS:
             got = conn.execute(f"SELECT v, idem.promote_{kind}(v) FROM unnest(%s::text[]) v", [corpus]).fetchall()
             wrong = [(v, g, reference_cast(kind, v)) for v, g in got if repr(g) != repr(reference_cast(kind, v))]
             wrong = [(v, g, want) for v, g, want in wrong if not (isinstance(g, datetime) and g == want)]
@@ -158,17 +158,18 @@ def test_safe_casts_match_the_ingest_converters(pg_url: str) -> None:
     assert reference_cast("timestamp", "1700000000000000000") == datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
 
 
-# --- promote, backfill, report, read
+# --- retype, backfill, report, read
 
 
-def test_promote_to_long_backfills_reports_and_reads_coalesced(
+def test_retype_to_long_backfills_reports_and_reads_coalesced(
     evolved: IdemConfig, pg_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, lines, err = cli(capsys, "retype", "malware", "score", "--to", "long")
     assert code == 0, err
     (report,) = [json.loads(line) for line in lines]
     assert report["typed_column"] == "_score__long" and report["added"] is True
-    assert (report["rows_promoted"], report["rows_not_cast"], report["batches"]) == (3, 3, 1)
+    assert (report["rows_retyped"], report["rows_not_cast"], report["batches"]) == (3, 3, 1)
+    assert report["rows_promoted"] == 3  # the key's former name, still emitted until the next release
     unclean = {"m3": "n/a", "m4": "3.5", "m5": "9223372036854775808"}
     assert report["not_cast_examples"] == sorted(
         ({"_idempotency_key": key(pg_url, i), "value": v} for i, v in unclean.items()),
@@ -194,22 +195,22 @@ def test_promote_to_long_backfills_reports_and_reads_coalesced(
         "m1": 42, "m2": 17, "m3": "n/a", "m4": "3.5", "m5": "9223372036854775808", "m6": 3, "m7": None,
     }
     assert all("_score__long" not in row for row in read.values())
-    assert read["m1"]["seen"] == "2026-01-31T12:00:00.5+01:00"  # not promoted: its text, as before
+    assert read["m1"]["seen"] == "2026-01-31T12:00:00.5+01:00"  # not retyped: its text, as before
 
-    # Again: nothing to add, nothing left to promote (the unclean rows are looked at again).
+    # Again: nothing to add, nothing left to retype (the unclean rows are looked at again).
     code, lines, err = cli(capsys, "retype", "malware", "score", "--to", "long")
     again = json.loads(lines[0])
     assert code == 0 and again["added"] is False
-    assert (again["rows_promoted"], again["rows_not_cast"]) == (0, 3)
-    assert "already there" in human_report(again) and "0 rows promoted" in human_report(again)
+    assert (again["rows_retyped"], again["rows_not_cast"]) == (0, 3)
+    assert "already there" in human_report(again) and "0 rows retyped" in human_report(again)
 
 
 def test_new_writes_fill_the_companion_and_an_unclean_value_is_no_reject(
     evolved: IdemConfig, pg_url: str, spark: Any
 ) -> None:
     connector = evolved.connector("threatfeed")
-    # A run that planned before the promotion (its catalog has no companion) and a
-    # record type whose column a concurrent run adds, then promoted, before this one commits.
+    # A run that planned before the retype (its catalog has no companion) and a
+    # record type whose column a concurrent run adds, then retyped, before this one commits.
     stale = pipeline.current_tables(pg_url, evolved, connector)
     late = drop(evolved, "late.ndjson", [
         {"type": "malware", "id": "n1", "name": "x", "score": 7},
@@ -218,9 +219,9 @@ def test_new_writes_fill_the_companion_and_an_unclean_value_is_no_reject(
     ])
     first = ingest(pg_url, evolved, spark, drop(evolved, "rank.ndjson", [{"type": "threat-actor", "id": "t0", "name": "r", "rank": 1}]))
     assert first["tables"]["threat-actor"]["new_columns"] == ["rank"]
-    promote_column(pg_url, evolved.table_specs["malware"], "score", "long")
-    rank = promote_column(pg_url, evolved.table_specs["threat-actor"], "rank", "long")
-    assert (rank["typed_column"], rank["rows_promoted"]) == ("_rank__long", 1)
+    retype_column(pg_url, evolved.table_specs["malware"], "score", "long")
+    rank = retype_column(pg_url, evolved.table_specs["threat-actor"], "rank", "long")
+    assert (rank["typed_column"], rank["rows_retyped"]) == ("_rank__long", 1)
 
     summary = ingest(pg_url, evolved, spark, late, tables=stale)
     assert (summary["rows_written"], summary["rows_rejected"]) == (3, 0)
@@ -237,14 +238,14 @@ def test_new_writes_fill_the_companion_and_an_unclean_value_is_no_reject(
     assert {k: v for k, v in by_id(pg_url, "_score__long").items() if k in ("n3", "n4")} == {"n3": -12, "n4": None}
     assert by_id(pg_url, "score")["n4"] == "[1]"
     # Nothing left for a backfill: new rows came in typed.
-    again = promote_column(pg_url, evolved.table_specs["malware"], "score", "long")
-    assert again["rows_promoted"] == 0 and again["rows_not_cast"] == 5
+    again = retype_column(pg_url, evolved.table_specs["malware"], "score", "long")
+    assert again["rows_retyped"] == 0 and again["rows_not_cast"] == 5
 
 
-def test_timestamp_bool_and_real_promotions(evolved: IdemConfig, pg_url: str) -> None:
+def test_timestamp_bool_and_real_retypes(evolved: IdemConfig, pg_url: str) -> None:
     spec = evolved.table_specs["malware"]
-    seen = promote_column(pg_url, spec, "seen", "timestamp")
-    assert (seen["typed_column"], seen["rows_promoted"], seen["rows_not_cast"]) == ("_seen__timestamp", 3, 2)
+    seen = retype_column(pg_url, spec, "seen", "timestamp")
+    assert (seen["typed_column"], seen["rows_retyped"], seen["rows_not_cast"]) == ("_seen__timestamp", 3, 2)
     assert {e["value"] for e in seen["not_cast_examples"]} == {"not a time", "2026-02-30T00:00:00Z"}
     assert by_id(pg_url, "_seen__timestamp") == {
         "m1": datetime(2026, 1, 31, 11, 0, 0, 500000, UTC),
@@ -255,12 +256,12 @@ def test_timestamp_bool_and_real_promotions(evolved: IdemConfig, pg_url: str) ->
         "m6": None,
         "m7": None,
     }
-    flagged = promote_column(pg_url, spec, "flagged", "bool")
-    assert (flagged["rows_promoted"], flagged["rows_not_cast"]) == (2, 1)
+    flagged = retype_column(pg_url, spec, "flagged", "bool")
+    assert (flagged["rows_retyped"], flagged["rows_not_cast"]) == (2, 1)
     assert flagged["not_cast_examples"][0]["value"] == "yes"
     assert {k: v for k, v in by_id(pg_url, "_flagged__bool").items() if v is not None} == {"m1": True, "m3": False}
-    weight = promote_column(pg_url, spec, "weight", "real")
-    assert (weight["rows_promoted"], weight["rows_not_cast"]) == (3, 1)
+    weight = retype_column(pg_url, spec, "weight", "real")
+    assert (weight["rows_retyped"], weight["rows_not_cast"]) == (3, 1)
     assert {k: v for k, v in by_id(pg_url, "_weight__real").items() if v is not None} == {"m1": 0.5, "m2": 1000.0, "m4": -2.0}
     columns = {c["name"]: c for c in rows(pg_url, "SELECT columns FROM idem.catalog WHERE record_type = 'malware'")[0][0]}
     assert {n: columns[n].get("promoted_to") for n in ("seen", "flagged", "weight", "score")} == {
@@ -271,17 +272,17 @@ def test_timestamp_bool_and_real_promotions(evolved: IdemConfig, pg_url: str) ->
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("promote", "malware", "family", "--to", "long"),
+        (("retype", "malware", "family", "--to", "long"),
          "column 'family' of idem.malware is declared in idem.yaml (string), not evolved: declared columns change in "
-         "idem.yaml, only evolved text columns are promoted"),
-        (("promote", "malware", "nope", "--to", "long"),
+         "idem.yaml, only evolved text columns are retyped"),
+        (("retype", "malware", "nope", "--to", "long"),
          "idem.malware has no column 'nope' (its evolved text columns: flagged, score, seen, weight)"),
-        (("promote", "malware", "_payload", "--to", "long"),
+        (("retype", "malware", "_payload", "--to", "long"),
          "column '_payload' of idem.malware is one of idem's own (jsonb), not an evolved text column"),
-        (("promote", "nope", "score", "--to", "long"), "unknown record type 'nope' (known: indicator, malware, threat-actor)"),
-        (("promote", "indicator", "score", "--to", "long"),
+        (("retype", "nope", "score", "--to", "long"), "unknown record type 'nope' (known: indicator, malware, threat-actor)"),
+        (("retype", "indicator", "score", "--to", "long"),
          "column 'score' of idem.indicator is declared in idem.yaml (real), not evolved"),
-        (("promote", "malware", "score", "--to", "long", "--batch-rows", "0"), "--batch-rows must be at least 1 (got 0)"),
+        (("retype", "malware", "score", "--to", "long", "--batch-rows", "0"), "--batch-rows must be at least 1 (got 0)"),
     ],
 )
 def test_refusals_are_one_line(
@@ -292,12 +293,12 @@ def test_refusals_are_one_line(
     assert len(err.strip().splitlines()) == 1 and err.strip().startswith(f"idem: error: {message}")
 
 
-def test_a_promoted_column_is_not_promoted_to_another_type(evolved: IdemConfig, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(capsys, "promote", "malware", "score", "--to", "long")[0] == 0
-    code, _, err = cli(capsys, "promote", "malware", "score", "--to", "real")
+def test_a_retyped_column_is_not_retyped_to_another_type(evolved: IdemConfig, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(capsys, "retype", "malware", "score", "--to", "long")[0] == 0
+    code, _, err = cli(capsys, "promote", "malware", "score", "--to", "real")  # the former name, an alias
     assert code == 1 and err.strip() == (
-        "idem: error: column 'score' of idem.malware is already promoted to long (column _score__long); "
-        "a column is promoted once, not to real"
+        "idem: error: column 'score' of idem.malware is already retyped to long (column _score__long); "
+        "a column is retyped once, not to real"
     )
     assert "_score__real" not in {r[0] for r in rows(pg_url, "SELECT attname FROM pg_attribute WHERE attrelid = 'idem.malware'::regclass")}
 
@@ -311,25 +312,25 @@ def test_backfill_runs_in_batches_and_resumes_after_an_interruption(evolved: Ide
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        promote_column(pg_url, spec, "score", "long", batch_rows=2, progress=interrupt)
-    assert len(seen) == 1 and "batch 1: 2 promoted, 0 did not cast" in seen[0]
+        retype_column(pg_url, spec, "score", "long", batch_rows=2, progress=interrupt)
+    assert len(seen) == 1 and "batch 1: 2 retyped, 0 did not cast" in seen[0]
     assert sum(v is not None for v in by_id(pg_url, "_score__long").values()) == 2  # batch 1 is committed
 
     lines: list[str] = []
-    rest = promote_column(pg_url, spec, "score", "long", batch_rows=2, progress=lines.append)
+    rest = retype_column(pg_url, spec, "score", "long", batch_rows=2, progress=lines.append)
     # 4 rows were left (1 clean, 3 unclean): two batches of 2, then an empty look.
-    assert (rest["added"], rest["rows_promoted"], rest["rows_not_cast"], rest["batches"]) == (False, 1, 3, 2)
+    assert (rest["added"], rest["rows_retyped"], rest["rows_not_cast"], rest["batches"]) == (False, 1, 3, 2)
     assert len(lines) == 2
     assert by_id(pg_url, "_score__long") == {"m1": 42, "m2": 17, "m3": None, "m4": None, "m5": None, "m6": 3, "m7": None}
     # A row whose companion was lost (or never filled) is found again by the next run.
     rows_ = rows(pg_url, "UPDATE idem.malware SET _score__long = NULL WHERE _external_id = 'm1' RETURNING 1")
     assert rows_ == [(1,)]
-    assert promote_column(pg_url, spec, "score", "long", batch_rows=2)["rows_promoted"] == 1
+    assert retype_column(pg_url, spec, "score", "long", batch_rows=2)["rows_retyped"] == 1
 
 
 def test_the_column_is_added_in_short_tries_and_gives_up_cleanly(evolved: IdemConfig, pg_url: str) -> None:
     """A long reader holding the table: each ALTER try waits 2 s at most (new readers wait
-    no longer behind it), the promotion gives up after its lock timeout having changed
+    no longer behind it), the retype gives up after its lock timeout having changed
     nothing, and, tried again, succeeds once the reader is gone."""
     spec = evolved.table_specs["malware"]
     holding = threading.Event()
@@ -344,21 +345,21 @@ def test_the_column_is_added_in_short_tries_and_gives_up_cleanly(evolved: IdemCo
     thread = threading.Thread(target=reader)
     thread.start()
     outcome: list[Any] = []
-    promoter = threading.Thread(target=lambda: outcome.append(promote_column(pg_url, spec, "score", "long")))
+    retyper = threading.Thread(target=lambda: outcome.append(retype_column(pg_url, spec, "score", "long")))
     try:
         assert holding.wait(30)
         started = time.monotonic()
-        with pytest.raises(PromotionLockTimeout, match="waited 1 s for the locks on the catalog row and table of idem.malware"):
-            promote_column(pg_url, spec, "score", "long", lock_timeout_seconds=1)
+        with pytest.raises(RetypeLockTimeout, match="waited 1 s for the locks on the catalog row and table of idem.malware"):
+            retype_column(pg_url, spec, "score", "long", lock_timeout_seconds=1)
         assert time.monotonic() - started < 10
         assert rows(
             pg_url, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'idem.malware'::regclass AND attname = '_score__long'"
         ) == [(0,)]
 
-        promoter.start()
+        retyper.start()
         time.sleep(0.5)
         waits = []
-        for _ in range(3):  # readers arriving while the promotion keeps trying
+        for _ in range(3):  # readers arriving while the retype keeps trying
             began = time.monotonic()
             with connect(pg_url) as conn:
                 assert conn.execute("SELECT count(*) FROM idem.malware").fetchone() == (7,)
@@ -368,58 +369,58 @@ def test_the_column_is_added_in_short_tries_and_gives_up_cleanly(evolved: IdemCo
     finally:
         release.set()
         thread.join()
-    if promoter.is_alive():
-        promoter.join(60)
-    assert outcome and outcome[0]["rows_promoted"] == 3 and outcome[0]["added"] is True
+    if retyper.is_alive():
+        retyper.join(60)
+    assert outcome and outcome[0]["rows_retyped"] == 3 and outcome[0]["added"] is True
 
 
 def test_refusals_from_the_core_name_their_reason(evolved: IdemConfig, pg_url: str) -> None:
     spec = evolved.table_specs["malware"]
-    with pytest.raises(PromotionRefused, match="cannot promote to 'int'"):
-        promote_column(pg_url, spec, "score", "int")
-    with pytest.raises(PromotionRefused, match="batch rows must be at least 1"):
-        promote_column(pg_url, spec, "score", "long", batch_rows=0)
+    with pytest.raises(RetypeRefused, match="cannot retype to 'int'"):
+        retype_column(pg_url, spec, "score", "int")
+    with pytest.raises(RetypeRefused, match="batch rows must be at least 1"):
+        retype_column(pg_url, spec, "score", "long", batch_rows=0)
     other = evolved.table_specs["threat-actor"]
-    with pytest.raises(PromotionRefused, match=r"^idem.threat-actor has no column 'zone' \(its evolved text columns: none\)$"):
-        promote_column(pg_url, other, "zone", "long")
+    with pytest.raises(RetypeRefused, match=r"^idem.threat-actor has no column 'zone' \(its evolved text columns: none\)$"):
+        retype_column(pg_url, other, "zone", "long")
     with connect(pg_url, autocommit=True) as conn:
         conn.execute('DROP TABLE idem."threat-actor"')
-    with pytest.raises(PromotionRefused, match="table idem.threat-actor does not exist yet: nothing was ingested into it"):
-        promote_column(pg_url, other, "zone", "long")
+    with pytest.raises(RetypeRefused, match="table idem.threat-actor does not exist yet: nothing was ingested into it"):
+        retype_column(pg_url, other, "zone", "long")
 
 
 # --- Dagster
 
 
-def test_the_dagster_job_promotes_and_reports(evolved: IdemConfig, pg_url: str) -> None:
+def test_the_dagster_job_retypes_and_reports(evolved: IdemConfig, pg_url: str) -> None:
     from idem_platform.defs.definitions import build_definitions
 
     defs = build_definitions(evolved, postgres_url=pg_url)
-    job = defs.resolve_job_def("idem_promote_column")
+    job = defs.resolve_job_def("idem_retype")
     with dg.instance_for_test() as instance:
         result = job.execute_in_process(
             instance=instance,
-            run_config={"ops": {"promote_column": {"config": {
+            run_config={"ops": {"retype": {"config": {
                 "record_type": "malware", "column": "score", "to": "long", "batch_rows": 2,
             }}}},
         )
         assert result.success
-        report = result.output_for_node("promote_column")
-        assert (report["rows_promoted"], report["rows_not_cast"], report["batches"]) == (3, 3, 3)
+        report = result.output_for_node("retype")
+        assert (report["rows_retyped"], report["rows_not_cast"], report["batches"]) == (3, 3, 3)
         (output,) = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT"]
         metadata = {k: v.value for k, v in output.event_specific_data.metadata.items()}
-        assert metadata["rows_promoted"] == 3 and metadata["rows_not_cast"] == 3
+        assert metadata["rows_retyped"] == 3 and metadata["rows_not_cast"] == 3
         assert metadata["typed_column"] == "_score__long" and "n/a" in metadata["not_cast_examples"]
         logs = [e.message for e in instance.all_logs(result.run_id) if e.message]
         assert any("did not cast: " in message for message in logs)
-        assert any("batch 2: 0 promoted, 2 did not cast" in message for message in logs)
+        assert any("batch 2: 0 retyped, 2 did not cast" in message for message in logs)
 
         refused = job.execute_in_process(
             instance=instance,
-            run_config={"ops": {"promote_column": {"config": {"record_type": "malware", "column": "family", "to": "long"}}}},
+            run_config={"ops": {"retype": {"config": {"record_type": "malware", "column": "family", "to": "long"}}}},
             raise_on_error=False,
         )
         assert not refused.success
-        failure = refused.failure_data_for_node("promote_column")
+        failure = refused.failure_data_for_node("retype")
         assert failure is not None and "declared in idem.yaml" in str(failure.user_failure_data.description)
     assert by_id(pg_url, "_score__long")["m1"] == 42

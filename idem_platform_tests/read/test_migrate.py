@@ -4,8 +4,8 @@ Each test builds ``idem.reading`` with rows at v1, v2 and v3 (the chain of
 :mod:`idem_platform_tests.helpers.migrations_fixture`, copied beside the config as in
 ``test_migrations``): rows written while the table was at v1, then, the config bumped
 to v3, records that state v1, v2 and v3. At v3 ``temperature`` is no declared column:
-v3 records evolve it into a text column, which is promoted to ``real``, so a migrated
-row's promoted companion must be refilled too.
+v3 records evolve it into a text column, which is retyped to ``real``, so a migrated
+row's retyped companion must be refilled too.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from idem_platform.migrations import MigrationFailed
 from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
-from idem_platform.postgres.retype import promote_column
+from idem_platform.postgres.retype import retype_column
 from idem_platform.read import read_table
 from idem_platform.read.migrate.counts import plan_migration
 from idem_platform.read.migrate.errors import MigrateLockTimeout
@@ -118,8 +118,8 @@ def build(url: str, spark: Any, root: Path, *, v1_rows: int = 12, broken: bool =
         + [{"id": f"d{i}", "sensor": f"v{i}", "temperature": 10.5 + i, "labels": [i]} for i in range(4)]
     )
     assert ingest(url, v3, spark, "v3.ndjson", later)["rows_written"] == 12
-    promoted = promote_column(url, v3.table_specs["reading"], "temperature", "real")
-    assert promoted["typed_column"] == "_temperature__real"
+    retyped = retype_column(url, v3.table_specs["reading"], "temperature", "real")
+    assert retyped["typed_column"] == "_temperature__real"
     old = len(first) + 8
     return Table(v1, v3, root, module, old, {"1": len(first) + 4, "2": 4})
 
@@ -244,7 +244,7 @@ def test_migrate_writes_what_a_read_returned_and_a_second_run_moves_nothing(
     assert read_after == read_before
     assert read_table(spark, pg_url, table.v3, "reading").rows_by_version == {3: 24}
     # The typed columns themselves hold the upgrade: a v1 reading of 41 °F, renamed and converted,
-    # its promoted companion refilled, its unknown field still in props.
+    # its retyped companion refilled, its unknown field still in props.
     ((temperature, typed, labels, props, temp),) = rows(
         pg_url, "SELECT temperature, _temperature__real, labels, props, temp FROM idem.reading WHERE _external_id = 'a01'"
     )

@@ -1,5 +1,5 @@
 """``idem read``'s lines rendered in process (rows that need no migration, no Spark) are byte
-for byte those of the Spark read: every catalog type, nulls, ``props``, evolved and promoted
+for byte those of the Spark read: every catalog type, nulls, ``props``, evolved and retyped
 columns, unicode, ``--commit``, ``--limit`` and a read cut into several partitions."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from idem_platform.config import IdemConfig
-from idem_platform.postgres.retype import promote_column
+from idem_platform.postgres.retype import retype_column
 from idem_platform.read.planner import plan_read
 from idem_platform.read.render import lines_in_process
 from idem_platform.read.source import source_frame
@@ -44,8 +44,8 @@ def config(pg_url: str, spark: Any, tmp_path_factory: pytest.TempPathFactory) ->
     config = write_config(tmp_path_factory.mktemp("read_lines"))
     ingest_records(pg_url, config, spark, "threatfeed", "lines-1.ndjson", RECORDS[:5])
     ingest_records(pg_url, config, spark, "threatfeed", "lines-2.ndjson", RECORDS[5:])
-    # A promoted column: its typed value where it casts ("7"), else its text ("high").
-    promote_column(pg_url, config.table_specs["indicator"], "level", "long")
+    # A retyped column: its typed value where it casts ("7"), else its text ("high").
+    retype_column(pg_url, config.table_specs["indicator"], "level", "long")
     return config
 
 
@@ -67,7 +67,7 @@ def test_lines_in_process_are_the_spark_reads_byte_for_byte(
     rows = {row["_external_id"]: row for row in map(json.loads, here)}
     if record_type == "indicator":
         assert rows["i1"]["name"] == HOSTILE and rows["i2"]["name"] == ""
-        assert rows["i1"]["level"] == 7 and rows["i4"]["level"] == "high"  # promoted: typed, else text
+        assert rows["i1"]["level"] == 7 and rows["i4"]["level"] == "high"  # retyped: typed, else text
         assert set(rows["i4"]["props"]) == {"xmin", "PROPS", "_own"}
         assert rows["i3"]["created"] == "2026-01-31T11:00:00.5+00:00"
         assert rows["i5"]["created"] == "2026-01-31T11:00:00+00:00"

@@ -200,7 +200,7 @@ def test_a_column_is_added_in_short_tries_so_new_readers_wait_briefly(pg_url: st
         reader = threading.Thread(target=late_reader)
 
         def progress(line: str) -> None:
-            if line.startswith("promoting"):  # the progress line's text, kept
+            if line.startswith("applying"):  # the progress line of the applying transaction
                 reader.start()
 
         with pytest.raises(LockTimeout, match="to add column 'brand_new' to table idem.indicator"):

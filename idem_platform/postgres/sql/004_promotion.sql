@@ -1,11 +1,14 @@
--- Safe casts for `idem promote` (explicit promotion of evolved text columns).
+-- Safe casts for `idem retype` (typed companions of evolved text columns; the command was
+-- `idem promote` when this version was written).
+-- The stored names (idem.promote_<kind>, this file's name) predate the rename to "retype" and
+-- stay: they live in users' databases and this version is applied once, never rewritten.
 --
 -- One function per target type, text in, typed value or NULL out; none ever raises
 -- (no exception block either: every input is checked before any cast that could
 -- fail), so a backfill batch or a commit's INSERT never fails on a value. They give
 -- what the type's ingest converter (DESIGN §3) makes of the text *read as JSON*: a
 -- text that is a JSON number, `true` or `false` is that value, any other text is the
--- string itself. So 42 and "42" (both stored as the text 42) promote alike, and a
+-- string itself. So 42 and "42" (both stored as the text 42) retype alike, and a
 -- row gets the same typed value whether the backfill or a later commit fills it.
 -- idem_platform/postgres/retype.py holds the same rules in Python
 -- (`reference_cast`), and the tests check one against the other.

@@ -25,9 +25,9 @@ the upgrade and SQL users see current values. Per record type:
    timeout, a lost deadlock or a serialization failure rolls the batch back and tries
    it again (up to ``lock_timeout_seconds``).
 
-**What changes in a row**: its typed columns (declared and evolved), each promoted
+**What changes in a row**: its typed columns (declared and evolved), each retyped
 column's typed companion (``<column>__<kind>``, cast from the upgraded text the way
-``idem promote`` casts it), ``props``, ``_schema_version`` (to the current version) and
+``idem retype`` casts it), ``props``, ``_schema_version`` (to the current version) and
 ``_payload_version``. Never ``_idempotency_key``, ``_commit_id``, ``_ingested_at``,
 ``_source``, ``_content_hash`` or ``_payload``; columns the current catalog no longer
 has (``temp`` after its rename) keep their old values.

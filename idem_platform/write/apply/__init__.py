@@ -21,11 +21,10 @@ an anti-join excludes committed keys, so no ``ON CONFLICT`` speculative
 insertion is paid per row, unless another writer's keys collided with ours
 (see :class:`~idem_platform.write.apply.transaction.ApplyTransaction`).
 
-**Words.** "Apply" is this step and only it. "Promoted" columns are ``idem retype``'s
-(once ``idem promote``): text columns with a typed companion, which :mod:`.rows` fills
-in the same insert. The crash points ``before_promote``, ``during_promote`` and
-``after_promote`` (:mod:`idem_platform.faults`) and the progress line ``promoting N
-records into …`` keep their older names: tests and users set and match them.
+**Words.** "Apply" is this step and only it: the crash points ``before_apply``,
+``during_apply`` and ``after_apply`` (:mod:`idem_platform.faults`) and the progress line
+``applying N records into …`` name it. "Retyped" columns are ``idem retype``'s: text
+columns with a typed companion, which :mod:`.rows` fills in the same insert.
 
 **Modules**, one concern each: :mod:`.transaction` (the transaction itself, and
 :func:`~idem_platform.write.apply.transaction.apply_staged` for messages already

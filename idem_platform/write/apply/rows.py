@@ -9,7 +9,7 @@ import psycopg
 from psycopg import sql
 
 from idem_platform.contract.catalog import STRING, Column, TableSpec
-from idem_platform.postgres.retype import promote_cast
+from idem_platform.postgres.retype import retype_cast
 from idem_platform.postgres.tables import effective_spec, existing_columns, table_ident
 from idem_platform.write.apply.attempts import StagedAttempt
 from idem_platform.write.apply.evolution import MAX_NEW_COLUMNS, Evolution, props_reasons
@@ -40,12 +40,12 @@ class TableInserts:
         self.inserted: set[tuple[str, int]] = set()  # (record type, partition) already inserted
         self.deferred: set[str] = set()  # record types left to finish (a new column is needed)
         self.filled: set[str] = set()  # record types whose evolved columns got values
-        # Per record type, its promoted text columns (``idem retype``), read once its table is
+        # Per record type, its retyped text columns (``idem retype``), read once its table is
         # locked in this transaction (an ``idem retype`` cannot add a companion column after that).
-        self.promoted: dict[str, dict[str, Column]] = {}
+        self.retyped: dict[str, dict[str, Column]] = {}
 
-    def _promoted_columns(self, record_type: str) -> dict[str, Column]:
-        """The table's promoted text columns (``idem retype``), read under its lock.
+    def _retyped_columns(self, record_type: str) -> dict[str, Column]:
+        """The table's retyped text columns (``idem retype``), read under its lock.
 
         The first insert of a transaction into a table takes the ``ROW EXCLUSIVE``
         lock its INSERT would take anyway, then reads the columns: a retype's
@@ -53,11 +53,11 @@ class TableInserts:
         this transaction ends. So no row of this commit misses its typed value, and
         the retype's backfill sees every row committed before its column was.
         """
-        found = self.promoted.get(record_type)
+        found = self.retyped.get(record_type)
         if found is None:
             self.conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(table_ident(record_type)))
             spec = effective_spec(self.plan.tables[record_type], existing_columns(self.conn, record_type))
-            found = self.promoted[record_type] = {c.name: c for c in spec.promoted_columns()}
+            found = self.retyped[record_type] = {c.name: c for c in spec.retyped_columns()}
         return found
 
     def insert(
@@ -66,7 +66,7 @@ class TableInserts:
         """Insert one attempt's staged rows of ``record_type`` and count what that did
         (``streaming``: a conflict must end streaming, not the commit)."""
         with lock_wait(self.plan, f"table idem.{record_type}", streaming=streaming):
-            promoted = self._promoted_columns(record_type)
+            retyped = self._retyped_columns(record_type)
             self.written[record_type] += insert_rows(
                 self.conn,
                 self.plan,
@@ -76,7 +76,7 @@ class TableInserts:
                 evolution,
                 unique_keys=message.unique_keys,
                 on_conflict=not streaming,
-                promoted=promoted,
+                retyped=retyped,
                 by_prefix=self.written_by_prefix[record_type] if self.written_by_prefix is not None else None,
             )
         self.inserted.add((record_type, message.partition))
@@ -134,18 +134,18 @@ def insert_rows(
     *,
     unique_keys: bool = False,
     on_conflict: bool = False,
-    promoted: dict[str, Column] | None = None,
+    retyped: dict[str, Column] | None = None,
     by_prefix: dict[str, int] | None = None,
 ) -> int:
     """Insert one staged table's rows of ``record_type`` whose keys the table lacks; return how many.
 
     ``unique_keys``: the attempt staged no key twice (no ``DISTINCT ON`` sort);
     ``on_conflict``: streaming met another writer's keys, so wait for it and skip them;
-    ``promoted``: the table's retyped text columns (``idem retype``), to fill their
+    ``retyped``: the table's retyped text columns (``idem retype``), to fill their
     typed companions; ``by_prefix``: when given, gains the rows inserted per position
     prefix (per unit).
     """
-    target, select = _columns(plan, spec, evolution, promoted or {})
+    target, select = _columns(plan, spec, evolution, retyped or {})
     # First occurrence per key wins. An attempt whose executor vouched for distinct
     # keys needs no sort of its wide rows; the anti-join alone skips keys already
     # in the table (committed, or applied from an earlier slice of this commit).
@@ -190,19 +190,19 @@ def insert_rows(
 
 
 def _columns(
-    plan: CommitPlan, spec: TableSpec, evolution: Evolution, promoted: dict[str, Column]
+    plan: CommitPlan, spec: TableSpec, evolution: Evolution, retyped: dict[str, Column]
 ) -> tuple[list[str], list[sql.Composable]]:
     """The target table's columns the insert writes, and the select list that fills them
     from a staged row ``s``, in the same order."""
     typed = [c.name for c in spec.columns]
-    # Promoted text columns (idem retype): their typed companions, filled from the
+    # Retyped text columns (idem retype): their typed companions, filled from the
     # same text by the safe cast the backfill uses (NULL when it does not cast).
-    companions = [c for c in typed + evolution.fill if c in promoted]
+    companions = [c for c in typed + evolution.fill if c in retyped]
     target = [
         "_idempotency_key", "_connector", "_record_type", "_external_id", "_content_hash",
         "_schema_version", "_commit_id", "_ingested_at", "_source", "_payload",
     ] + typed + evolution.fill + ["props"] + ([plan.meta_column] if plan.meta_column else [])
-    target += [str(promoted[c].typed_column) for c in companions]
+    target += [str(retyped[c].typed_column) for c in companions]
     select: list[sql.Composable] = [
         # A record older than its table keeps its own version (_version) and its payload as
         # received; its typed values are those of the record upgraded by the migrations.
@@ -222,7 +222,7 @@ def _columns(
     fills = set(evolution.fill) - set(typed)
     select += [
         sql.SQL("{}({})").format(
-            promote_cast(promoted[c]),
+            retype_cast(retyped[c]),
             sql.SQL("s._extra ->> {}").format(sql.Literal(c)) if c in fills else sql.SQL("s.{}").format(sql.Identifier(c)),
         )
         for c in companions

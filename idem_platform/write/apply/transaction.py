@@ -215,7 +215,7 @@ class ApplyTransaction:
                 self._begin()
             raise too_many_rejects(self.conn, plan, chosen, rejected, total)
         self._apply_rest_conflict_safe(chosen)
-        checkpoint("before_promote")
+        checkpoint("before_apply")
         with lock_wait(plan, "the source's committed offsets"):
             moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
         rows_rejected = record_rejects(self.conn, plan, chosen, rejected)
@@ -267,12 +267,12 @@ class ApplyTransaction:
         # The accepted attempts' tables are finished (their writers closed before
         # reporting), so dropping them here cannot wait on anyone.
         drop_tables(self.conn, accepted_tables(self.plan, chosen))
-        checkpoint("during_promote")
+        checkpoint("during_apply")
         finishing = time.monotonic()
         transaction, self._transaction = self._transaction, None
         transaction.__exit__(None, None, None)
         result["timings"]["commit_seconds"] = round(time.monotonic() - finishing, 3)
-        checkpoint("after_promote")
+        checkpoint("after_apply")
         self.leftovers = not _drop_leftovers(self.conn, self.plan)
         return result
 

@@ -40,7 +40,7 @@ def _commits(pg_url: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["before_promote", "after_promote"])
+@pytest.mark.parametrize("point", ["before_apply", "after_apply"])
 def test_a_killed_kafka_run_is_committed_once_by_the_rerun(
     pg_url: str, tmp_path: Path, kafka_broker: Broker, topic: str, point: str
 ) -> None:
@@ -51,12 +51,12 @@ def test_a_killed_kafka_run_is_committed_once_by_the_rerun(
     produce(kafka_broker.bootstrap, topic, messages)
     marker = tmp_path / "paused.pid"
     kill_at_fault(_ingest_command(), cli_env(pg_url, tmp_path, config, f"{point}:pause:{marker}"), marker)
-    assert _commits(pg_url) == (1 if point == "after_promote" else 0)
+    assert _commits(pg_url) == (1 if point == "after_apply" else 0)
 
     rerun = subprocess.run(_ingest_command(), env=cli_env(pg_url, tmp_path, config), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads(rerun.stdout.strip().splitlines()[-1])
-    if point == "before_promote":
+    if point == "before_apply":
         # Nothing of the killed run was visible: the rerun takes its ledger rows over and commits all.
         assert summary["rows_written"] + summary["rows_skipped"] + summary["rows_rejected"] == 4000
     else:
@@ -68,7 +68,7 @@ def test_a_killed_kafka_run_is_committed_once_by_the_rerun(
     with connect(pg_url) as conn:
         assert committed_offsets(conn, "events") == {(topic, p): sum(1 for m in messages if m[0] == p) for p in range(3)}
         assert conn.execute("SELECT count(*) FROM idem.ingest_ledger WHERE status <> 'committed'").fetchone() == (0,)
-        if point == "after_promote":
+        if point == "after_apply":
             # Killed between COMMIT and dropping its staging templates: the hourly purge drops a
             # committed commit's leftovers whatever their age.
             with conn.transaction():
