@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -44,6 +45,8 @@ RELOAD_SETTINGS = {
 # heap and index pages (the apply then evicts nothing to the OS mid-insert:
 # 7 % less apply time at 1M records here); 200 connections leave room for
 # Dagster's webserver and daemon beside a run's executors.
+SETTLE_SECONDS = 1.0  # for the backends of connections just closed to leave (see embedded_postgres_url)
+OWN_APPLICATION = "idem-embedded-tuning"  # the tuning's own connections, never counted as another client
 RESTART_SETTINGS = {
     "shared_buffers": "1GB",
     "max_connections": "200",
@@ -86,7 +89,10 @@ def embedded_postgres_url(home: Path | None = None) -> str:
     directory.parent.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(directory, cleanup_mode=None)
     url: str = server.get_uri()
-    if _tune(url) and alone(url):
+    # A connection closed just before leaves pg_stat_activity a moment later, longer on a
+    # loaded machine: the tuning's own are not counted, others (pgserver's) get a moment;
+    # before, a fresh server could be seen as shared and keep PostgreSQL's stock settings.
+    if _tune(url) and alone(url, settle_seconds=SETTLE_SECONDS):
         _restart(server)
     return url
 
@@ -98,7 +104,7 @@ def _tune(url: str) -> bool:
     """
     wanted = {**RELOAD_SETTINGS, **RESTART_SETTINGS}
     restart = reload = False
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True, application_name=OWN_APPLICATION) as conn:
         for name, value in wanted.items():
             row = conn.execute("SELECT current_setting(%s)", [name]).fetchone()
             if row is not None and row[0] == value:
@@ -113,13 +119,25 @@ def _tune(url: str) -> bool:
     return restart
 
 
-def alone(url: str) -> bool:
-    """Whether no other client (a webserver, a run, another CLI call) is connected."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
-        ).fetchone()
-    return row is not None and row[0] == 0
+def alone(url: str, *, settle_seconds: float = 0.0) -> bool:
+    """Whether no other client (a webserver, a run, another CLI call) is connected.
+
+    ``settle_seconds``: how long to wait for other backends to leave: those of clients that
+    have just disconnected do within it; a client that is really connected stays.
+    """
+    deadline = time.monotonic() + settle_seconds
+    with psycopg.connect(url, autocommit=True, application_name=OWN_APPLICATION) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                "AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM %s",
+                [OWN_APPLICATION],
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def _pg_ctl(args: list[str], server: PostgresServer) -> None:
