@@ -121,6 +121,18 @@ def threatfeed(tmp_path: Path, pg_url: str) -> IdemConfig:
     return config
 
 
+@pytest.fixture
+def env(pg_url: str, tmp_path: Path, threatfeed: IdemConfig, monkeypatch: pytest.MonkeyPatch) -> IdemConfig:
+    """The example config on this module's database, set in the environment ``idem`` reads
+    (PostgreSQL URL, Dagster home, config, Spark master): for tests that call the CLI."""
+    monkeypatch.setenv("IDEM_POSTGRES_URL", pg_url)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("IDEM_CONFIG", str(threatfeed.source))
+    monkeypatch.setenv("IDEM_SPARK_MASTER", "local[2]")
+    return threatfeed
+
+
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[Broker]:
     """A Kafka-protocol broker: ``KAFKA_BOOTSTRAP_SERVERS`` if set, else Tansu on a free port."""

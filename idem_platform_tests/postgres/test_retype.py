@@ -77,15 +77,6 @@ def key(url: str, ext_id: str) -> str:
 
 
 @pytest.fixture
-def env(pg_url: str, tmp_path: Path, threatfeed: IdemConfig, monkeypatch: pytest.MonkeyPatch) -> IdemConfig:
-    monkeypatch.setenv("IDEM_POSTGRES_URL", pg_url)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    (tmp_path / "home").mkdir()
-    monkeypatch.setenv("IDEM_CONFIG", str(threatfeed.source))
-    return threatfeed
-
-
-@pytest.fixture
 def evolved(env: IdemConfig, pg_url: str, spark: Any) -> IdemConfig:
     """The malware records ingested: score, seen, flagged and weight evolved as text columns."""
     summary = ingest(pg_url, env, spark, drop(env, "m.ndjson", MALWARE))
