@@ -15,6 +15,7 @@ CONFIG_ENV = "IDEM_CONFIG"
 SPARK_MASTER_ENV = "IDEM_SPARK_MASTER"
 SPARK_SERVER_ENV = "IDEM_SPARK_SERVER"  # auto | off: overrides idem.yaml's spark.server
 SPARK_REMOTE_ENV = "IDEM_SPARK_REMOTE"  # sc://host:port of a Spark Connect server (idem spark start)
+DAGSTER_URL_ENV = "IDEM_DAGSTER_URL"  # a Dagster webserver idem ingest launches its runs through
 
 
 def idem_home() -> Path:
@@ -47,6 +48,12 @@ def spark_server_from_environment() -> str | None:
     """``$IDEM_SPARK_SERVER`` lower-cased (``auto`` or ``off`` when valid, which the config
     checks): whether runs use the long-lived Spark Connect server, over ``spark.server``."""
     return os.environ.get(SPARK_SERVER_ENV, "").strip().lower() or None
+
+
+def dagster_url_from_environment() -> str | None:
+    """``$IDEM_DAGSTER_URL``: the Dagster webserver (``http://host:3000``) through which
+    ``idem ingest`` launches its runs, instead of running them in its own process."""
+    return os.environ.get(DAGSTER_URL_ENV) or None
 
 
 def spark_remote_from_environment() -> str | None:

@@ -24,7 +24,7 @@ from idem_platform.settings import POSTGRES_URL_ENV, idem_home
 SUMMARY_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "files", "seconds")
 _DETAIL_KEYS = (
     "tables", "schema_versions", "offsets", "sources", "consumer_group", "timings", "already_committed",
-    "nothing_to_ingest", "notes", "connector", "spark",
+    "nothing_to_ingest", "notes", "connector", "spark", "run_id", "dagster",
 )
 
 

@@ -23,25 +23,33 @@ from idem_platform.cli.runs import ingest_connector
 from idem_platform.config import HttpConnector, IdemConfig, load_config
 from idem_platform.redact import masked
 from idem_platform.samples import threatfeed_lines, write_lines
-from idem_platform.settings import POSTGRES_URL_ENV
+from idem_platform.settings import POSTGRES_URL_ENV, dagster_url_from_environment
 
 
 @click.command("ingest", cls=IdemCommand, short_help="Ingest files or Kafka lag, exactly once.")
 @click.option("--connector", metavar="NAME", help="which connector (default: the one whose directory holds the files, else the only one)")
 @click.option("--replay", is_flag=True, help="tag the run as a replay (skips count as replay_skip)")
+@click.option(
+    "--dagster", "dagster_url", metavar="URL",
+    help="launch the run through this Dagster webserver (e.g. http://localhost:3000) and wait for it "
+    "[default: $IDEM_DAGSTER_URL; unset: run in this process]",
+)
 @json_option()
 @click.argument("files", nargs=-1, metavar="[FILE]...")
-def ingest(connector: str | None, replay: bool, files: tuple[str, ...]) -> dict[str, Any]:
-    """Ingest a connector's files, or its Kafka lag, in process, exactly once.
+def ingest(connector: str | None, replay: bool, dagster_url: str | None, files: tuple[str, ...]) -> dict[str, Any]:
+    """Ingest a connector's files, or its Kafka lag, exactly once.
 
     FILE: a file-drop connector's files (none for a Kafka connector).
+
+    The run is the connector's Dagster job, executed in this process; with --dagster,
+    launched in the code location that defines it, as the UI launches runs.
     """
     started = time.monotonic()
     config = load_config(invocation().config)
     # A usage error is said before PostgreSQL is reached (or the embedded one started).
     name = choose_connector(config, connector, files)
     prepare_environment()
-    summary = ingest_connector(config, name, files, replay=replay)
+    summary = ingest_connector(config, name, files, replay=replay, dagster_url=dagster_url or dagster_url_from_environment())
     return public_summary(summary, time.monotonic() - started)
 
 

@@ -22,6 +22,7 @@ from idem_platform.cli.options import AT_LEAST_ONE, COMMIT_ID, IdemGroup, invoca
 from idem_platform.cli.output import CommandError, terminal
 from idem_platform.config import load_config
 from idem_platform.postgres import connect
+from idem_platform.settings import dagster_url_from_environment
 from idem_platform.sources.rejects.listing import list_rejects
 
 _connector = click.option("--connector", metavar="NAME", help="only this connector's rejects")
@@ -72,13 +73,18 @@ def list_command(ctx: click.Context, connector: str | None, commit: str | None, 
 @_connector
 @_commit
 @_dry_run
+@click.option(
+    "--dagster", "dagster_url", metavar="URL",
+    help="launch the run through this Dagster webserver and wait for it [default: $IDEM_DAGSTER_URL; unset: in process]",
+)
 @_json
 @click.pass_context
-def retry(ctx: click.Context, connector: str | None, commit: str | None, dry_run: bool) -> dict[str, Any]:
+def retry(ctx: click.Context, connector: str | None, commit: str | None, dry_run: bool, dagster_url: str | None) -> dict[str, Any]:
     """Re-run the quarantined rejects (one commit's with --commit) through the current
     catalog, commit those that pass; those that still fail stay quarantined."""
     # Late import (pulls in Dagster and PySpark): kept off idem --help's imports.
     from idem_platform.defs.inprocess import run_retry_job
+    from idem_platform.defs.remote import launch_retry_job
 
     started = time.monotonic()
     commit = _given(ctx, "commit", commit)
@@ -88,7 +94,12 @@ def retry(ctx: click.Context, connector: str | None, commit: str | None, dry_run
     if name is None and commit is not None and len(config.connectors) > 1:
         name = _connector_of_commit(url, commit)
     chosen = config.connector(choose_connector(config, name))
-    summary = run_retry_job(config, chosen, commit=commit, dry_run=bool(_given(ctx, "dry_run", dry_run)))
+    dry = bool(_given(ctx, "dry_run", dry_run))
+    remote = dagster_url or dagster_url_from_environment()
+    if remote is None:
+        summary = run_retry_job(config, chosen, commit=commit, dry_run=dry)
+    else:
+        summary = launch_retry_job(remote, chosen, commit=commit, dry_run=dry)
     summary["seconds"] = round(time.monotonic() - started, 3)
     return summary
 

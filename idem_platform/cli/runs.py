@@ -24,12 +24,15 @@ from idem_platform.sources.filedrop.scan import named_file_refusal, refused_text
 
 
 def ingest_connector(
-    config: IdemConfig, connector_name: str, files: Sequence[str] = (), *, replay: bool = False
+    config: IdemConfig, connector_name: str, files: Sequence[str] = (), *, replay: bool = False,
+    dagster_url: str | None = None,
 ) -> dict[str, Any]:
-    """Run the connector's ingest job in process (one commit) and return its summary.
+    """Run the connector's ingest job (one commit) and return its summary.
 
     A file-drop connector ingests ``files``; a Kafka connector reads every
     partition from its committed offset up to the end the brokers report now.
+    The job runs in this process, or, given ``dagster_url``, is launched through that
+    Dagster webserver in the code location that defines it (:mod:`idem_platform.defs.remote`).
 
     Raises:
         CommandError: bad arguments.
@@ -38,11 +41,13 @@ def ingest_connector(
     """
     connector = config.connector(connector_name)
     url = resolve_postgres_url()
-    check_cluster_reach(config.spark_master(), url)
+    if dagster_url is None:  # else the run's Spark is the code location's
+        check_cluster_reach(config.spark_master(), url)
     paths = checked_files(connector, files)
     with hashing_in_background(paths):
         # Late import: Dagster and PySpark import while the files hash in the background.
         from idem_platform.defs.inprocess import partition_for, run_ingest_job
+        from idem_platform.defs.remote import launch_ingest_job
         from idem_platform.spark.reuse import start_spark
     batch = plan_batch(url, connector, paths)
     partition: str | None = None
@@ -55,11 +60,23 @@ def ingest_connector(
     else:
         partition = partition_for(connector, paths)
         ingest_config = {"files": paths}
+    if dagster_url is not None:
+        if not isinstance(connector, KafkaConnector) and not _all_inside(connector.path, paths):
+            raise CommandError(
+                f"with --dagster, connector {connector.name!r} reads only files inside its drop directory "
+                f"{connector.path} (the code location's definitions read nothing else)"
+            )
+        return launch_ingest_job(dagster_url, config, connector, ingest_config, partition, replay=replay)
     spark_used = None if batch.fully_replayed else start_spark(config)
     summary = run_ingest_job(config, connector, ingest_config, partition, replay=replay)
     if spark_used is not None:
         summary["spark"] = spark_used  # where the run's Spark was: a master, or a Connect server's sc:// URL
     return summary
+
+
+def _all_inside(directory: Path | None, paths: list[str]) -> bool:
+    """Whether every path is inside ``directory`` (a connector's drop directory)."""
+    return directory is not None and all(Path(p).is_relative_to(directory.resolve()) for p in paths)
 
 
 def checked_files(connector: ConnectorConfig, files: Sequence[str]) -> list[str]:

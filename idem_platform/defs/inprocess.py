@@ -115,28 +115,52 @@ def partition_for(connector: FileConnector, paths: list[str]) -> str:
     return "batch-" + hashlib.sha256("\n".join(sorted(paths)).encode()).hexdigest()[:16]
 
 
+def cli_retry_job(config_path: str, connector_name: str) -> dg.JobDefinition:
+    """The connector's ``<connector>_retry_rejects`` job as ``idem rejects retry`` runs it,
+    rebuilt from the config file: the reconstructor its runs record as their job code origin
+    (as :func:`cli_ingest_job` is for ingest runs)."""
+    from idem_platform.config import load_config
+
+    config = load_config(config_path)
+    connector = config.connector(connector_name)
+    return build_definitions(config).resolve_job_def(retry_job_name(connector)).with_logger_defs(
+        {"console": terminal_logger}
+    )
+
+
 def run_retry_job(
     config: IdemConfig, connector: ConnectorConfig, *, commit: str | None = None, dry_run: bool = False
 ) -> dict[str, Any]:
     """Execute the connector's ``<connector>_retry_rejects`` job (one commit, or none) and
-    return its summary.
+    return its summary: the run is a Dagster run with a job origin, as an ingest's is.
 
     Raises:
         RunFailed: the run failed.
     """
-    job = build_definitions(config).resolve_job_def(retry_job_name(connector))
-    result = job.with_logger_defs({"console": terminal_logger}).execute_in_process(
+    if config.source is None:
+        raise RunFailed("idem rejects retry runs a config read from a file (its runs name that file as their origin)")
+    job = dg.build_reconstructable_job(
+        __name__,
+        cli_retry_job.__name__,
+        reconstructable_kwargs={"config_path": str(config.source), "connector_name": connector.name},
+    )
+    result = dg.execute_job(
+        job,
+        instance=dg.DagsterInstance.get(),
         run_config={
             "ops": {retry_op_name(connector): {"config": {"commit_id": commit, "dry_run": dry_run}}},
             "loggers": {"console": {}},
         },
-        instance=dg.DagsterInstance.get(),
         raise_on_error=False,
     )
     if not result.success:
         message, details = failure_message(result)
         raise RunFailed(message, details=details)
-    return dict(result.output_for_node(retry_op_name(connector)))
+    for event in result.all_events:
+        summary = event.step_output_data.metadata.get("summary") if event.is_successful_output else None
+        if summary is not None and isinstance(summary.value, dict):
+            return dict(summary.value)
+    raise RunFailed("the run succeeded but recorded no retry summary")
 
 
 def failure_message(result: Any) -> tuple[str, str | None]:

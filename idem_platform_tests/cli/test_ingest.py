@@ -238,3 +238,78 @@ def test_ingest_picks_the_connector_whose_directory_holds_the_files(
     outside = write_lines(Path(str(env.source)).parent / "elsewhere.ndjson", ['{"type":"malware","id":"q","name":"y"}'])
     code, lines, _ = run(capsys, "ingest", str(outside))  # no connector's directory: the only file-drop one
     assert code == 0 and json.loads(lines[0])["rows_written"] == 1
+
+
+RUNS_IN_JOB_HISTORY = """
+query ($job: String!, $repository: String!) {
+  runsOrError(filter: {pipelineName: $job, tags: [{key: ".dagster/repository", value: $repository}]}) {
+    ... on Runs { results { runId status repositoryOrigin { repositoryLocationName } tags { key value } } }
+  }
+}
+"""
+REEXECUTE = """
+mutation ($parent: String!) {
+  launchPipelineReexecution(reexecutionParams: {parentRunId: $parent, strategy: ALL_STEPS}) {
+    __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+  }
+}
+"""
+RUN_STATUS = "query ($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
+
+
+@pytest.mark.slow
+def test_ingest_through_a_webserver_is_a_run_of_its_code_location(
+    env: IdemConfig, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``idem ingest --dagster URL``: the run is launched in the code location that defines
+    the connector (the webserver queues it, the daemon runs it), so the job's history, which
+    the UI filters by code location, lists it; the UI can re-execute it (a replay, nothing
+    written twice); a file outside the drop directory is refused in one line."""
+    import time
+
+    from importlib import resources
+
+    from idem_platform_tests.helpers.webserver import LOCATION, webserver
+
+    # The instance idem dev runs: Dagster's storage on PostgreSQL (four processes write to
+    # it here: this one, the webserver, the daemon and the run).
+    home = Path(os.environ["DAGSTER_HOME"])
+    (home / "dagster.yaml").write_text((resources.files("idem_platform") / "dagster.yaml").read_text())
+    drop = env.connector("threatfeed").path
+    assert env.source is not None and drop is not None
+    path = write_lines(drop / "via-web.ndjson", ['{"type":"malware","id":"w","name":"x"}', "{bad"])
+    outside = write_lines(tmp_path / "elsewhere.ndjson", ['{"type":"malware","id":"e","name":"x"}'])
+    with webserver(home, tmp_path, env.source, pg_url, daemon=True) as api:
+        code, lines, err = run(capsys, "ingest", "--dagster", api.base, str(path))
+        assert code == 0, err
+        summary = json.loads(lines[0])
+        assert (summary["rows_written"], summary["rows_rejected"], summary["replayed"]) == (1, 1, False)
+        assert summary["dagster"] == f"{api.base}/runs/{summary['run_id']}"
+        history = api.query(RUNS_IN_JOB_HISTORY, {"job": "threatfeed_ingest", "repository": f"__repository__@{LOCATION}"})
+        (shown,) = history["runsOrError"]["results"]
+        assert (shown["runId"], shown["status"]) == (summary["run_id"], "SUCCESS")
+        assert shown["repositoryOrigin"] == {"repositoryLocationName": LOCATION}
+        assert {"key": "dagster/partition", "value": "via-web.ndjson"} in shown["tags"]
+
+        again = api.query(REEXECUTE, {"parent": summary["run_id"]})["launchPipelineReexecution"]
+        assert again["__typename"] == "LaunchRunSuccess", again
+        deadline = time.monotonic() + 240
+        while (status := api.query(RUN_STATUS, {"id": again["run"]["runId"]})["runOrError"]["status"]) not in (
+            "SUCCESS", "FAILURE", "CANCELED",
+        ):
+            assert time.monotonic() < deadline, f"the re-execution is still {status}"
+            time.sleep(0.5)
+        assert status == "SUCCESS"
+
+        code, lines, err = run(capsys, "rejects", "retry", "--dagster", api.base, "--dry-run")
+        assert code == 0, err
+        retried = json.loads(lines[0])
+        assert retried["retry"]["dry_run"] is True and retried["dagster"] == f"{api.base}/runs/{retried['run_id']}"
+        history = api.query(RUNS_IN_JOB_HISTORY, {"job": "threatfeed_retry_rejects", "repository": f"__repository__@{LOCATION}"})
+        assert [r["runId"] for r in history["runsOrError"]["results"]] == [retried["run_id"]]
+
+        code, _, err = run(capsys, "ingest", "--dagster", api.base, "--connector", "threatfeed", str(outside))
+        assert code != 0 and "reads only files inside its drop directory" in err
+    with connect(pg_url) as conn:
+        held = conn.execute("SELECT count(*) FROM idem.malware WHERE _external_id = 'w'").fetchone()
+    assert held == (1,)

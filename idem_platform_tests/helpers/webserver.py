@@ -29,6 +29,7 @@ class GraphQL:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.base = url.removesuffix("/graphql")  # the webserver's own URL (what the UI opens)
 
     def query(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ``data`` of the answer (an answer with ``errors`` fails the test)."""
@@ -71,27 +72,39 @@ def _wait_until_loaded(process: subprocess.Popen[bytes], api: GraphQL, log: Path
 
 
 @contextmanager
-def webserver(home: Path, tmp_path: Path, config_path: Path, postgres_url: str) -> Iterator[GraphQL]:
+def webserver(
+    home: Path, tmp_path: Path, config_path: Path, postgres_url: str, *, daemon: bool = False
+) -> Iterator[GraphQL]:
     """A ``dagster-webserver`` on the instance of ``home`` (its ``dagster.yaml``) with the
-    test's Definitions as its one code location; stopped on exit."""
+    test's Definitions as its one code location; stopped on exit.
+
+    ``daemon``: also ``dagster-daemon run`` on the same workspace, which takes the runs the
+    webserver queues (the instance's run coordinator is Dagster's default queue).
+    """
     port = free_port()
     workspace = _definitions_file(tmp_path, config_path, postgres_url)
     log = tmp_path / "webserver.log"
     env = {**os.environ, "DAGSTER_HOME": str(home)}
-    executable = str(Path(sys.executable).with_name("dagster-webserver"))
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [executable, "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)],
-            cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT,
-        )
+    bin_dir = Path(sys.executable).parent
+    commands = [[str(bin_dir / "dagster-webserver"), "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)]]
+    if daemon:
+        commands.append([str(bin_dir / "dagster-daemon"), "run", "-w", str(workspace)])
+    processes = []
     try:
+        for command, name in zip(commands, ("webserver.log", "daemon.log"), strict=False):
+            with (tmp_path / name).open("w") as output:
+                processes.append(
+                    subprocess.Popen(command, cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT)
+                )
         api = GraphQL(f"http://127.0.0.1:{port}/graphql")
-        _wait_until_loaded(process, api, log)
+        _wait_until_loaded(processes[0], api, log)
         yield api
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

@@ -431,6 +431,11 @@ def test_cli_retry_dry_run_then_retry_then_nothing(
     assert list(summary)[: len(SUMMARY_KEYS)] == list(SUMMARY_KEYS)
     assert (summary["rows_written"], summary["rows_rejected"], summary["retry"]["passed"]) == (3, 2, 3)
     assert summary["retry"]["commit"] == ingested["commit_id"]
+    import dagster as dg
+
+    runs = dg.DagsterInstance.get().get_run_records(dg.RunsFilter(job_name=f"{config.connectors[0].identifier}_retry_rejects"))
+    origins = {r.dagster_run.job_code_origin.job_name for r in runs if r.dagster_run.job_code_origin is not None}
+    assert len(runs) == 2 and origins == {f"{config.connectors[0].identifier}_retry_rejects"}  # dry run and this one
 
     code, lines, err = cli("rejects", "retry", "--json")
     assert code == 0, err
