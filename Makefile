@@ -51,7 +51,7 @@ fuzz: install
 dev: install
 	$(VENV)/bin/idem dev --config $(CONFIG)
 
-## serve: the HTTP push API (idem serve) of the example's http and otlp connectors on 127.0.0.1:8000, beside `make dev`
+## serve: the HTTP push API (idem serve) of the example's http and otlp connectors on 127.0.0.1:8787, beside `make dev`
 serve: install
 	$(VENV)/bin/idem serve --config $(CONFIG) $(ARGS)
 

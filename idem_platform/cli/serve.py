@@ -17,7 +17,7 @@ PUSH_KINDS = ("http", "otlp")
 
 @click.command("serve", cls=IdemCommand, short_help="The HTTP and OTLP push API.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="without IDEM_HTTP_TOKEN: loopback only")
-@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--port", type=int, default=8787, show_default=True)
 @click.option("--max-body-bytes", type=int, help="override every connector's max_body_bytes")
 def serve(host: str, port: int, max_body_bytes: int | None) -> None:
     """HTTP push API for http/otlp connectors: NDJSON with idempotency keys, OTLP logs."""
