@@ -266,7 +266,6 @@ def test_ingest_through_a_webserver_is_a_run_of_its_code_location(
     the UI filters by code location, lists it; the UI can re-execute it (a replay, nothing
     written twice); a file outside the drop directory is refused in one line."""
     import time
-
     from importlib import resources
 
     from idem_platform_tests.helpers.webserver import LOCATION, webserver
