@@ -92,7 +92,7 @@ class EffectConfig(ConfigModel):
     """One outbound effect: on which rows (``record_type``, ``when``), what to send
     (``http``), under which key (``key``), and how hard to try (``max_attempts``, backoff)."""
 
-    name: str = Field(pattern=NAME)
+    name: str = Field(pattern=f"^{NAME}$", description="[a-z0-9_-]{1,64}")
     record_type: str
     when: list[Condition] = Field(default_factory=list, description="All must hold; none: every written row.")
     key: tuple[str, ...] = Field(DEFAULT_KEY, min_length=1)
