@@ -16,8 +16,10 @@ from idem_platform.effects.outbox import minted_key_sql
 from idem_platform.idempotency import mint_key
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
+from idem_platform_tests.helpers.cli import cli_env, idem_command
 from idem_platform_tests.helpers.database import rows
 from idem_platform_tests.helpers.effects import alert, effects_config, outbox
+from idem_platform_tests.helpers.faults import kill_at_fault
 from idem_platform_tests.helpers.ingest import ingest
 from idem_platform_tests.helpers.paths import SPEC_DIR
 
@@ -98,3 +100,27 @@ def test_the_key_in_postgresql_is_the_design_s_minted_key(pg_url: str) -> None:
             )
             (key,) = conn.execute(query, vector["parts"]).fetchone() or (None,)
             assert key == vector["key"] == minted_key(vector["parts"])
+
+
+@pytest.mark.parametrize("point", ["during_apply", "after_apply"])
+def test_a_commit_killed_around_its_commit_owes_each_effect_once(
+    pg_url: str, config: IdemConfig, spark: Any, tmp_path: Path, point: str
+) -> None:
+    """Killed after the outbox insert but before COMMIT: nothing is owed, the rerun owes it;
+    killed just after COMMIT: it is owed, and the rerun (a replay) owes nothing more."""
+    path = _drop(config, "a.ndjson", FIRST)
+    marker = tmp_path / f"{point}.pid"
+    kill_at_fault(
+        idem_command("ingest", "--connector", "threatfeed", str(path)),
+        cli_env(pg_url, tmp_path, config, f"{point}:pause:{marker}"),
+        marker,
+    )
+    committed = point == "after_apply"
+    assert len(outbox(pg_url)) == (4 if committed else 0)
+    rerun = ingest(pg_url, config, spark, path)
+    assert rerun["replayed"] is committed
+    owed = outbox(pg_url)
+    assert sorted((r["effect"], r["payload"]["id"]) for r in owed) == [
+        ("alert", "ioc-1"), ("enrich", "ioc-1"), ("enrich", "ioc-2"), ("enrich", "ioc-3")
+    ]
+    assert rows(pg_url, "SELECT count(DISTINCT commit_id) FROM idem.outbox") == [(1,)]
