@@ -17,12 +17,12 @@ from typing import Any
 
 import dagster as dg
 
+EFFECT_KEYS = ("effects_created", "effects_suppressed")  # when the config has effects on the tables written
 # Kept as JSON entries: lists and small maps a machine rebuilds the summary from.
 JSON_KEYS = ("files", "offsets", "schema_versions", "prior", "timings", "consumer_group", "notes")
 FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds", "replay_skipped")
 TEXT_KEYS = ("already_committed", "file_key")  # file_key: the figures are one file's of a batch
 PER_TABLE = ("written", "skipped")
-EFFECT_KEYS = ("effects_created", "effects_suppressed")  # when the config has effects on the tables written
 REJECT_SAMPLE = 20
 REJECT_SCHEMA = dg.TableSchema(
     columns=[
