@@ -21,7 +21,7 @@ Two tools, because a secret reaches text in two ways:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from urllib.parse import unquote
 
@@ -85,6 +85,11 @@ def remember_url(url: str | None) -> None:
 def remember_settings(settings: Mapping[str, str]) -> None:
     """Scrub these settings' credential values from every later message of this process."""
     _known.update(str(v) for k, v in settings.items() if is_secret_setting(k) and str(v))
+
+
+def remember_secrets(values: Iterable[str]) -> None:
+    """Scrub these values (secrets a config took from the environment) from every later message."""
+    _known.update(v for v in values if v)
 
 
 def scrub(text: str) -> str:

@@ -163,6 +163,7 @@ def test_documented_idem_yaml_loads_as_written(
 ) -> None:
     # Examples may name a broker by ${KAFKA_BOOTSTRAP_SERVERS}: give it one if the shell has none.
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    monkeypatch.setenv("SOAR_TOKEN", "doc-token")  # docs/effects.md's receiver token
     data = yaml.safe_load(block.text)
     for connector in data.get("connectors") or []:
         if isinstance(connector, dict) and isinstance(connector.get("path"), str):

@@ -24,6 +24,7 @@ import psycopg
 # The command modules, not their commands: `idem_platform.cli.offsets` stays the module.
 from idem_platform.cli import (
     dev,
+    effects,
     ingest,
     ledger,
     migrate,
@@ -71,7 +72,7 @@ def idem() -> None:
 
 for _command in (
     ingest.ingest, ingest.demo, read.read, ledger.ledger, rejects.rejects, retype.retype, migrate.migrate,
-    offsets.offsets, serve.serve, dev.dev, spark.spark,
+    offsets.offsets, effects.effects, serve.serve, dev.dev, spark.spark,
 ):
     idem.add_command(_command)
 

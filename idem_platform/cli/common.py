@@ -64,6 +64,9 @@ def public_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
     for key in _DETAIL_KEYS:
         if summary.get(key):
             out[key] = summary[key]
+    for key in ("effects_created", "effects_suppressed"):  # zero too: the config has effects
+        if summary.get(key) is not None:
+            out[key] = summary[key]
     return out
 
 

@@ -104,6 +104,10 @@ def human_summary(summary: dict[str, Any]) -> str:
         lines.append(f"  {summary['replay_skipped']:,} of the skipped are records of files committed before: {committed}")
     if summary.get("rows_rejected"):
         lines.append(f"  {summary['rows_rejected']:,} records rejected: idem rejects --commit {summary.get('commit_id')}")
+    if summary.get("effects_created"):
+        lines.append(f"  {summary['effects_created']:,} outbound effects owed: idem effects deliver")
+    if summary.get("effects_suppressed"):
+        lines.append(f"  {summary['effects_suppressed']:,} outbound effects suppressed (a replay run)")
     for file in summary.get("files") or []:
         lines.append(f"  file {file.get('file')} ({file.get('lines', 0):,} lines)")
     for offsets in summary.get("offsets") or []:

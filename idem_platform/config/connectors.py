@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from idem_platform.config.common import CONTRACT_HELP, NAME, ConfigModel, SchemaContract
+from idem_platform.effects.rule import OutboxRule
 from idem_platform.migrations import MigrationSource
 
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -130,7 +131,14 @@ class ConnectorBase(ConfigModel):
         CLI and ``idem serve`` accept keep the name as written in ``idem.yaml``."""
         return self.name.replace("-", "_")
 
-    @field_validator("table_contracts", "migrations", mode="before")
+    effects: tuple[OutboxRule, ...] = Field(
+        (),
+        exclude=True,
+        repr=False,
+        description="The effects on the record types this connector writes (the file's effects:).",
+    )
+
+    @field_validator("table_contracts", "migrations", "effects", mode="before")
     @classmethod
     def _set_by_config(cls, value: Any) -> Any:
         """Refuse these as keys of ``idem.yaml`` (they are the file's ``tables:`` and

@@ -15,22 +15,25 @@ from pydantic_core import ErrorDetails
 from idem_platform.config.connectors import KINDS, KafkaConnector
 from idem_platform.config.model import IdemConfig
 from idem_platform.errors import ConfigError
-from idem_platform.redact import remember_settings
+from idem_platform.redact import remember_secrets, remember_settings
 from idem_platform.settings import CONFIG_ENV, config_path_from_environment
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _resolve_env(value: Any, where: str, path: str) -> Any:
+def _resolve_env(value: Any, where: str, path: str, found: set[str] | None = None) -> Any:
+    """``value`` with every ``${VAR}`` replaced; ``found`` gains the values read from the environment."""
     if isinstance(value, dict):
-        return {k: _resolve_env(v, f"{where}.{k}" if where else str(k), path) for k, v in value.items()}
+        return {k: _resolve_env(v, f"{where}.{k}" if where else str(k), path, found) for k, v in value.items()}
     if isinstance(value, list):
-        return [_resolve_env(v, f"{where}[{i}]", path) for i, v in enumerate(value)]
+        return [_resolve_env(v, f"{where}[{i}]", path, found) for i, v in enumerate(value)]
     if isinstance(value, str):
 
         def substitute(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
             if name in os.environ:
+                if found is not None:
+                    found.add(os.environ[name])
                 return os.environ[name]
             if default is not None:
                 return default
@@ -38,6 +41,18 @@ def _resolve_env(value: Any, where: str, path: str) -> Any:
 
         return _ENV_REF.sub(substitute, value)
     return value
+
+
+def _header_secrets(data: dict[str, Any], where: str) -> set[str]:
+    """The environment's values that ``effects[*].http.headers`` take through ``${VAR}``."""
+    found: set[str] = set()
+    effects = data.get("effects")
+    for index, effect in enumerate(effects if isinstance(effects, list) else []):
+        http = effect.get("http") if isinstance(effect, dict) else None
+        headers = http.get("headers") if isinstance(http, dict) else None
+        if isinstance(headers, dict):
+            _resolve_env(headers, f"effects[{index}].http.headers", where, found)
+    return {value for value in found if value}
 
 
 def _line_of(root: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
@@ -126,6 +141,7 @@ def parse_config(text: str, path: Path | None = None) -> IdemConfig:
         raise ConfigError(f"not valid YAML: {str(exc).splitlines()[0]}", path=where) from None
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping (connectors:, tables:, ...)", path=where)
+    secrets = _header_secrets(data, where)
     data = _resolve_env(data, "", where)
     base = path.parent if path else Path.cwd()
     connectors = data.get("connectors")
@@ -140,6 +156,7 @@ def parse_config(text: str, path: Path | None = None) -> IdemConfig:
         if isinstance(connector, KafkaConnector):
             # From here on, no message of this process shows these credentials (idem_platform.redact).
             remember_settings(connector.client_config)
+    remember_secrets(secrets)  # an effect's ${VAR} headers (an API token): masked from here on
     return config.model_copy(update={"source": path})
 
 

@@ -10,6 +10,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from idem_platform.config.common import ConfigModel, SchemaContract
 from idem_platform.config.connectors import ConnectorConfig
+from idem_platform.config.effects import EffectConfig, check_effects
 from idem_platform.config.spark import SparkConfig
 from idem_platform.config.tables import TableConfig
 from idem_platform.contract.catalog import (
@@ -21,6 +22,7 @@ from idem_platform.contract.catalog import (
 )
 from idem_platform.contract.keys import NAME_PATTERN
 from idem_platform.contract.otlp_logs import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
+from idem_platform.effects.rule import OutboxRule
 from idem_platform.errors import ConfigError
 from idem_platform.migrations import (
     Chains,
@@ -44,6 +46,9 @@ class IdemConfig(ConfigModel):
     migrations: list[str] = Field(default_factory=list)
     implicit_tables: tuple[str, ...] = Field(
         (), exclude=True, description="Tables no `tables:` entry declared (an otlp connector's log type)."
+    )
+    effects: list[EffectConfig] = Field(
+        default_factory=list, description="Outbound effects on written rows (docs/effects.md)."
     )
     connectors: list[ConnectorConfig] = Field(default_factory=list)
     assets: list[str] = Field(
@@ -97,6 +102,13 @@ class IdemConfig(ConfigModel):
                     f"({', '.join(sorted(RESERVED_TABLE_NAMES))}): pick another"
                 )
         return value
+
+    @field_validator("effects")
+    @classmethod
+    def _effects_fit(cls, effects: list[EffectConfig], info: ValidationInfo) -> list[EffectConfig]:
+        if "tables" in info.data:
+            check_effects(effects, info.data["tables"])
+        return effects
 
     @model_validator(mode="after")
     def _references(self) -> IdemConfig:
@@ -162,9 +174,14 @@ class IdemConfig(ConfigModel):
         implicit: tuple[str, ...] = info.data.get("implicit_tables", ())
         source = info.context.get("source") if isinstance(info.context, dict) else None
         shared = _migration_source(tables, info.data["migrations"], Path(source) if source is not None else None)
+        effects: list[EffectConfig] = info.data.get("effects") or []
         return [
             connector.model_copy(
-                update={"migrations": shared, "table_contracts": _own_contracts(connector, tables, implicit)}
+                update={
+                    "migrations": shared,
+                    "table_contracts": _own_contracts(connector, tables, implicit),
+                    "effects": _own_effects(connector, effects, tables, implicit),
+                }
             )
             for connector in connectors
         ]
@@ -283,6 +300,14 @@ def _own_contracts(
         for name in names
         if name in tables and (contract := tables[name].schema_contract) is not None
     }
+
+
+def _own_effects(
+    connector: ConnectorConfig, effects: list[EffectConfig], tables: dict[str, TableConfig], implicit: tuple[str, ...]
+) -> tuple[OutboxRule, ...]:
+    """The effects on the record types ``connector`` writes, as its commits apply them."""
+    names = {connector.record_type} if connector.record_type is not None else set(tables) - set(implicit)
+    return tuple(effect.rule() for effect in effects if effect.record_type in names)
 
 
 def _str(path: Path | None) -> str | None:

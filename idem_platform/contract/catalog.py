@@ -175,7 +175,7 @@ RESERVED_COLUMN_NAMES = frozenset({"props"}) | POSTGRES_SYSTEM_COLUMNS
 # idem's own tables in schema ``idem``: a record type of one of these names would be
 # written into (and widen) the product's bookkeeping.
 RESERVED_TABLE_NAMES = frozenset(
-    {"ingest_ledger", "commits", "source_offsets", "rejects", "execution_log", "catalog", "schema_migrations"}
+    {"ingest_ledger", "commits", "source_offsets", "rejects", "execution_log", "catalog", "schema_migrations", "outbox"}
 )
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are silently truncated
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import dagster as dg
 
+EFFECT_KEYS = ("effects_created", "effects_suppressed")  # when the config has effects on the tables written
 # Kept as JSON entries: lists and small maps a machine rebuilds the summary from.
 JSON_KEYS = ("files", "offsets", "schema_versions", "prior", "timings", "consumer_group", "notes")
 FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds", "replay_skipped")
@@ -116,6 +117,9 @@ def summary_metadata(
     if summary.get("replay_skipped"):  # of rows_skipped: records of units committed before
         metadata["replay_skipped"] = dg.MetadataValue.int(int(summary["replay_skipped"]))
     metadata["seconds"] = dg.MetadataValue.float(round(float(summary.get("seconds") or 0.0), 2))
+    for key in EFFECT_KEYS:
+        if summary.get(key) is not None:
+            metadata[key] = dg.MetadataValue.int(int(summary[key]))
     metadata["reject_ratio"] = dg.MetadataValue.float(reject_ratio(summary))
     tables = summary.get("tables") or {}
     if tables:
@@ -181,7 +185,7 @@ def summary_from_metadata(metadata: Mapping[str, Any], drop_dir: Path | None = N
                 entry[kind] = [v for v in str(value).split(", ") if v]
     if tables:
         summary["tables"] = tables
-    for key in (*JSON_KEYS[1:], *TEXT_KEYS, "nothing_to_ingest"):
+    for key in (*JSON_KEYS[1:], *TEXT_KEYS, *EFFECT_KEYS, "nothing_to_ingest"):
         if values.get(key) is not None:
             summary[key] = values[key]
     return summary

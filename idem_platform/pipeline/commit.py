@@ -296,6 +296,7 @@ def _plan(request: CommitRequest, batch: SourceBatch, commit_id: str, tables: di
         replayed_records=replayed_records(batch),
         lock_timeout_seconds=request.table_lock_timeout_seconds,
         count_per_unit=request.count_per_unit,
+        effects=connector.effects,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from idem_platform.coercion.records import RecordSpec
 from idem_platform.contract.catalog import TableSpec
+from idem_platform.effects.rule import OutboxRule
 from idem_platform.write.batch import CommitStep, Slice, Unit
 
 
@@ -63,6 +64,7 @@ class CommitPlan:
     lock_timeout_seconds: float = 120.0  # wait for the target tables' lock when applying
     probe_known: frozenset[str] = frozenset()
     count_per_unit: bool = False
+    effects: tuple[OutboxRule, ...] = ()  # the connector's effects (idem_platform.effects.outbox)
 
     @cached_property
     def index_of(self) -> dict[str, int]:

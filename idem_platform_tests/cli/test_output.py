@@ -28,6 +28,9 @@ def test_a_terminal_gets_a_summary_for_people() -> None:
     replay = human_summary({"replayed": True, "rows_skipped": 5, "prior": {"commit_id": "c-0"}, "seconds": 2.2})
     assert replay == "replay: already committed by c-0; nothing written, 5 records skipped (2.2 s)"
     assert human_summary({"nothing_to_ingest": True, "seconds": 1}).startswith("nothing to ingest")
+    owed = human_summary({**summary, "effects_created": 3, "effects_suppressed": 0})
+    assert "3 outbound effects owed: idem effects deliver" in owed and "suppressed" not in owed
+    assert "2 outbound effects suppressed (a replay run)" in human_summary({**summary, "effects_suppressed": 2})
 
 
 def test_urls_are_shown_without_their_password() -> None:

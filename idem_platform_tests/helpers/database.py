@@ -15,7 +15,7 @@ def reset_database(url: str) -> None:
         tables = conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'idem' AND tablename <> 'schema_migrations'"
         ).fetchall()
-        own = {"ingest_ledger", "commits", "source_offsets", "rejects", "execution_log", "catalog"}
+        own = {"ingest_ledger", "commits", "source_offsets", "rejects", "execution_log", "catalog", "outbox"}
         for (name,) in tables:
             ident = sql.SQL("idem.{}").format(sql.Identifier(name))
             if name in own:

@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from idem_platform.effects.outbox import write_outbox
 from idem_platform.faults import checkpoint
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import effective_spec, existing_columns, record_catalog
@@ -232,6 +233,7 @@ class ApplyTransaction:
         )
         valid_through = moved.pop("valid_through", None)
         result.update(moved)
+        result.update(write_outbox(self.conn, plan))  # the effects its written rows owe (idem_platform.effects)
         record_applied(
             self.conn, plan, result, counts=(rows_written, idempotent_skips, rows_rejected), valid_through=valid_through
         )

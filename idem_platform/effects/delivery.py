@@ -1,0 +1,254 @@
+"""The dispatcher: claim a due outbox row, send it under its minted key, record the answer.
+
+At least once, acted on once: a row is sent until the receiver answers 2xx, always with
+``Idempotency-Key: <its key>``, so a receiver that keeps the keys it acted on acts once
+however often it is sent the row (after a timeout whose request did arrive, after a
+dispatcher died between "sent" and "recorded").
+
+**Claims.** One row at a time, in a short transaction: ``FOR UPDATE SKIP LOCKED`` (two
+dispatchers never wait on each other nor take the same row) and a lease
+(``claimed_until = now() + lease_seconds``). A row whose lease ran out is due again: a
+dispatcher killed mid-request leaves its row to the next one once the lease ends, and
+never more than that row. The claim counts the attempt, so a row whose sending kills its
+dispatcher every time still ends, parked after ``max_attempts``. The answer is recorded
+only while the lease is still this dispatcher's (``claimed_by``).
+
+**Answers.** 2xx: delivered. A connection error, a timeout, 409 (the receiver holds the
+key in flight), 429 and 5xx are transient: due again after ``Retry-After`` seconds when the
+receiver says so, else after an exponential backoff with jitter, until ``max_attempts``
+tries in all. Any other status (a 4xx, a redirect: never followed) is permanent. A row
+parked as ``failed`` keeps the reason; ``idem effects retry`` makes it due again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from http.client import HTTPException
+from typing import Any
+
+import psycopg
+
+from idem_platform.config.effects import MAX_RESPONSE_CHARS, EffectConfig
+from idem_platform.postgres.connection import connect
+from idem_platform.redact import scrub
+
+_CLAIM = """
+WITH due AS (
+    SELECT key FROM idem.outbox
+    WHERE status = 'pending' AND effect = ANY(%(effects)s) AND next_attempt_at <= now()
+      AND (claimed_until IS NULL OR claimed_until < now())
+    ORDER BY next_attempt_at, created_at, key
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE idem.outbox o
+SET claimed_by = %(worker)s, claimed_until = now() + make_interval(secs => l.lease), attempts = o.attempts + 1,
+    last_attempt_at = now()
+FROM due, unnest(%(effects)s::text[], %(leases)s::float8[]) AS l(effect, lease)
+WHERE o.key = due.key AND l.effect = o.effect
+RETURNING o.key, o.effect, o.payload, o.attempts
+"""
+
+_NEXT_DUE = """
+SELECT extract(epoch FROM min(greatest(next_attempt_at, coalesce(claimed_until, next_attempt_at))) - now())
+FROM idem.outbox WHERE status = 'pending' AND effect = ANY(%s)
+"""
+
+_RECORD = """
+UPDATE idem.outbox
+SET status = %(status)s, last_status = %(http_status)s, last_response = %(response)s, reason = %(reason)s,
+    next_attempt_at = CASE WHEN %(delay)s::float8 IS NULL THEN next_attempt_at
+                           ELSE now() + make_interval(secs => %(delay)s::float8) END,
+    delivered_at = CASE WHEN %(status)s = 'delivered' THEN now() END,
+    claimed_by = NULL, claimed_until = NULL
+WHERE key = %(key)s AND claimed_by = %(worker)s AND status = 'pending'
+"""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one request got: the HTTP status (``None``: no answer), the text, ``Retry-After``."""
+
+    status: int | None
+    text: str
+    retry_after: float | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def transient(self) -> bool:
+        return self.status is None or self.status in (408, 409, 425, 429) or self.status >= 500
+
+
+@dataclass
+class DeliveryReport:
+    """What one ``deliver`` call did."""
+
+    delivered: int = 0
+    retrying: int = 0
+    failed: int = 0
+    attempts: int = 0
+    lost_claims: int = 0  # answers not recorded: the lease had passed to another dispatcher
+    by_effect: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def count(self, effect: str, outcome: str) -> None:
+        setattr(self, outcome, getattr(self, outcome) + 1)
+        counts = self.by_effect.setdefault(effect, {"delivered": 0, "retrying": 0, "failed": 0})
+        if outcome in counts:
+            counts[outcome] += 1
+
+
+def worker_name() -> str:
+    """This dispatcher's name in ``claimed_by``: host, process and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def deliver(
+    url: str,
+    effects: Sequence[EffectConfig],
+    *,
+    wait_seconds: float = 0.0,
+    limit: int | None = None,
+    worker: str | None = None,
+) -> DeliveryReport:
+    """Deliver the due rows of ``effects`` until none is due (or ``limit`` attempts were made).
+
+    ``wait_seconds``: keep going while a pending row becomes due (its backoff or another
+    dispatcher's lease ends) within that many seconds from now.
+    """
+    worker = worker or worker_name()
+    by_name = {effect.name: effect for effect in effects}
+    names = sorted(by_name)
+    leases = [by_name[name].lease_seconds for name in names]
+    report = DeliveryReport()
+    deadline = time.monotonic() + wait_seconds
+    with connect(url, autocommit=True, application_name="idem-effects") as conn:
+        while limit is None or report.attempts < limit:
+            row = conn.execute(_CLAIM, {"effects": names, "leases": leases, "worker": worker}).fetchone()
+            if row is None:
+                pause = _until_due(conn, names, deadline)
+                if pause is None:
+                    break
+                time.sleep(pause)
+                continue
+            key, name, payload, attempts = row
+            report.attempts += 1
+            _attempt(conn, by_name[name], key, payload, int(attempts), worker, report)
+    return report
+
+
+def _until_due(conn: psycopg.Connection, names: list[str], deadline: float) -> float | None:
+    """How long to sleep before a pending row may be due, or ``None`` when none is due before ``deadline``."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    row = conn.execute(_NEXT_DUE, [names]).fetchone()
+    if row is None or row[0] is None or float(row[0]) > left:
+        return None
+    return min(max(float(row[0]), 0.02), 0.5)
+
+
+def _attempt(
+    conn: psycopg.Connection, effect: EffectConfig, key: str, payload: Any, attempts: int, worker: str,
+    report: DeliveryReport,
+) -> None:
+    """Send one claimed row (unless its tries are spent) and record what came of it."""
+    reason: str | None
+    if attempts > effect.max_attempts:  # the dispatcher of the last try died before recording it
+        answer = Answer(None, "the dispatcher of the last try stopped before recording an answer")
+        outcome, reason, delay = "failed", f"max_attempts ({effect.max_attempts}) reached: {answer.text}", None
+    else:
+        answer = send(effect, key, payload)
+        outcome, reason, delay = _judge(effect, answer, attempts)
+    status = {"retrying": "pending"}.get(outcome, outcome)
+    recorded = conn.execute(
+        _RECORD,
+        {
+            "status": status, "http_status": answer.status, "response": scrub(answer.text)[:MAX_RESPONSE_CHARS],
+            "reason": reason, "delay": delay, "key": key, "worker": worker,
+        },
+    ).rowcount
+    if recorded:
+        report.count(effect.name, outcome)
+    else:
+        report.lost_claims += 1
+
+
+def _judge(effect: EffectConfig, answer: Answer, attempts: int) -> tuple[str, str | None, float | None]:
+    """``(outcome, reason, delay)``: delivered, retrying after ``delay`` seconds, or failed with a reason."""
+    if answer.delivered:
+        return "delivered", None, None
+    what = f"HTTP {answer.status}" if answer.status is not None else answer.text.split("\n", 1)[0][:300]
+    if not answer.transient:
+        return "failed", f"permanent answer: {what}", None
+    if attempts >= effect.max_attempts:
+        return "failed", f"max_attempts ({effect.max_attempts}) reached; last: {what}", None
+    return "retrying", None, backoff(effect, attempts, answer.retry_after)
+
+
+def backoff(effect: EffectConfig, attempts: int, retry_after: float | None) -> float:
+    """Seconds before the next try: the receiver's ``Retry-After`` when given, else
+    ``backoff_seconds * 2**(attempts-1)`` (at most ``max_backoff_seconds``) times a jitter
+    in [0.5, 1], so dispatchers that failed together do not retry together."""
+    if retry_after is not None:
+        return max(retry_after, 0.0)
+    ceiling = min(effect.max_backoff_seconds, effect.backoff_seconds * 2 ** (attempts - 1))
+    return ceiling * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not a secret
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer (permanent), never followed: the key must not reach another host."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def send(effect: EffectConfig, key: str, payload: Any) -> Answer:
+    """One request of ``effect`` for the row ``key`` with body ``payload``; never raises."""
+    http = effect.http
+    request = urllib.request.Request(
+        http.url,
+        data=json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
+        method=http.method,
+        headers={**http.headers, "Content-Type": "application/json", "Idempotency-Key": key},
+    )
+    try:
+        with _OPENER.open(request, timeout=http.timeout_seconds) as response:
+            return Answer(response.status, _text(response.read(MAX_RESPONSE_CHARS * 4)))
+    except urllib.error.HTTPError as error:
+        text = _text(error.read(MAX_RESPONSE_CHARS * 4)) if error.fp is not None else ""
+        return Answer(error.code, text, _retry_after(error.headers.get("Retry-After")))
+    except TimeoutError:
+        return Answer(None, f"timeout after {http.timeout_seconds:g}s")
+    except (urllib.error.URLError, HTTPException, OSError) as error:
+        reason = getattr(error, "reason", error)
+        if isinstance(reason, TimeoutError):
+            return Answer(None, f"timeout after {http.timeout_seconds:g}s")
+        return Answer(None, f"connection error: {type(reason).__name__}: {reason}")
+
+
+def _text(body: bytes) -> str:
+    return body.decode("utf-8", errors="replace")[:MAX_RESPONSE_CHARS]
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (an HTTP date is read as no hint: backoff applies)."""
+    try:
+        return min(float(value), 3600.0) if value is not None else None
+    except ValueError:
+        return None
+

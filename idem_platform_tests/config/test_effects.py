@@ -1,0 +1,99 @@
+"""``effects:`` in idem.yaml (idem_platform.config.effects): what loads, what the connectors
+carry, and every mistake refused at load with the key at fault."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from idem_platform.config import parse_config
+from idem_platform.errors import ConfigError
+from idem_platform.redact import scrub
+from idem_platform_tests.helpers.config import BASE
+
+EFFECT = """
+effects:
+  - name: alert
+    record_type: thing
+    when: {field: score, gte: 80}
+    http:
+      url: https://soar.example/alerts
+      headers: {Authorization: "Bearer ${IDEM_TEST_SOAR_TOKEN}"}
+      body: {what: name, id: external_id}
+"""
+
+
+def _with(**changes: object) -> str:
+    data = yaml.safe_load(BASE + "      score: int\n      active: bool\n" + EFFECT)
+    data["effects"][0].update(changes)
+    return yaml.safe_dump(data)
+
+
+def test_an_effect_loads_with_its_defaults_and_the_connector_carries_its_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDEM_TEST_SOAR_TOKEN", "tok-9f2c81")
+    config = parse_config(_with())
+    (effect,) = config.effects
+    assert (effect.max_attempts, effect.http.method, effect.http.timeout_seconds) == (5, "POST", 10.0)
+    assert effect.key == ("effect", "connector", "record_type", "external_id", "content_hash")
+    (rule,) = config.connector("feed").effects
+    assert rule.when == (("score", "gte", 80),) and rule.body == (("id", "external_id"), ("what", "name"))
+    assert "tok-9f2c81" not in repr(rule)  # no header travels with a commit's plan
+    assert scrub("sent Bearer tok-9f2c81") == "sent Bearer ***"  # masked in every later message
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"when": {"field": "score", "gte": "high"}}, "when: 'high' is not a int value (column 'score')"),
+        ({"when": {"field": "nope", "equals": 1}}, "when: 'nope' is not a declared column"),
+        ({"when": {"field": "active", "gt": True}}, "'active' is a bool column: use equals, not_equals or in"),
+        ({"when": {"field": "score", "gte": 1, "lte": 9}}, "exactly one of equals, not_equals, in, gt, gte, lt, lte"),
+        ({"when": {"field": "score", "in": []}}, "'in' needs at least one value"),
+        ({"record_type": "other"}, "record_type 'other' is not in tables (thing)"),
+        ({"key": ["connector", "external_id"]}, "key must include 'effect'"),
+        ({"key": ["effect", "colour"]}, "key part 'colour' is neither a column of thing"),
+        ({"python": "my.module:fn"}, "not available in this release"),
+        ({"results_table": "enriched"}, "not available in this release"),
+        ({"lease_seconds": 5}, "lease_seconds (5) must be longer than http.timeout_seconds (10)"),
+        ({"max_attempts": 0}, "effects[0].max_attempts"),
+        ({"name": "Bad Name"}, "effects[0].name"),
+        ({"retries": 3}, "effects[0].retries"),
+    ],
+)
+def test_a_mistake_is_one_config_error_naming_it(
+    changes: dict[str, object], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IDEM_TEST_SOAR_TOKEN", "t")
+    with pytest.raises(ConfigError) as raised:
+        parse_config(_with(**changes))
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("http", "message"),
+    [
+        ({"body": {"what": "colour"}}, "http.body.what: 'colour' is neither a column of thing"),
+        ({"body": {}}, "effects[0].http.body"),
+        ({"url": "ftp://x"}, "effects[0].http.url"),
+        ({"method": "GET"}, "effects[0].http.method"),
+        ({"headers": {"Idempotency-Key": "k"}}, "header 'Idempotency-Key' is set by idem"),
+    ],
+)
+def test_a_mistake_in_the_request_is_refused(http: dict[str, object], message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDEM_TEST_SOAR_TOKEN", "t")
+    data = yaml.safe_load(_with())
+    data["effects"][0]["http"].update(http)
+    with pytest.raises(ConfigError) as raised:
+        parse_config(yaml.safe_dump(data))
+    assert message in str(raised.value)
+
+
+def test_an_unset_secret_and_a_twice_used_name_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("IDEM_TEST_SOAR_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="environment variable IDEM_TEST_SOAR_TOKEN is not set"):
+        parse_config(_with())
+    monkeypatch.setenv("IDEM_TEST_SOAR_TOKEN", "t")
+    data = yaml.safe_load(_with())
+    data["effects"].append(dict(data["effects"][0]))
+    with pytest.raises(ConfigError, match="effect name 'alert' is used twice"):
+        parse_config(yaml.safe_dump(data))

@@ -1,0 +1,61 @@
+"""idem.yaml with effects for the effects tests: the example's file drop plus an alert on
+high-confidence indicators, sent to a loopback receiver, with short backoffs and leases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from idem_platform.config import IdemConfig, parse_config
+from idem_platform.postgres import connect
+from idem_platform.postgres.tables import sync_tables
+from idem_platform_tests.helpers.config import example_text
+from idem_platform_tests.helpers.database import reset_database
+
+
+def alert(url: str, **overrides: Any) -> dict[str, Any]:
+    """The ``alert`` effect: indicators with confidence >= 80, to ``url``, fast retries."""
+    effect: dict[str, Any] = {
+        "name": "alert",
+        "record_type": "indicator",
+        "when": {"field": "confidence", "gte": 80},
+        "http": {
+            "url": url,
+            "headers": {"Authorization": "Bearer ${IDEM_TEST_EFFECT_TOKEN:-test-token}"},
+            "body": {"indicator": "name", "confidence": "confidence", "id": "external_id"},
+            "timeout_seconds": 2,
+        },
+        "max_attempts": 4,
+        "backoff_seconds": 0.05,
+        "max_backoff_seconds": 0.2,
+        "lease_seconds": 3,
+    }
+    http = overrides.pop("http", {})
+    effect.update(overrides)
+    effect["http"].update(http)
+    return effect
+
+
+def effects_config(directory: Path, pg_url: str, effects: list[dict[str, Any]]) -> IdemConfig:
+    """The example's file drop with ``effects``, written to ``directory/idem.yaml``, on an
+    emptied database with its tables synced."""
+    data = yaml.safe_load(example_text())
+    data["effects"] = effects
+    text = yaml.safe_dump(data, sort_keys=False)
+    path = directory / "idem.yaml"
+    path.write_text(text, encoding="utf-8")
+    config = parse_config(text, path)
+    reset_database(pg_url)
+    with connect(pg_url, autocommit=True) as conn:
+        sync_tables(conn, config.table_specs)
+    return config
+
+
+def outbox(pg_url: str) -> list[dict[str, Any]]:
+    """Every outbox row (key, effect, status, attempts, payload, record_key, reason, last_status)."""
+    names = ("key", "effect", "status", "attempts", "payload", "record_key", "reason", "last_status")
+    with connect(pg_url) as conn:
+        rows = conn.execute(f"SELECT {', '.join(names)} FROM idem.outbox ORDER BY record_key, effect").fetchall()
+    return [dict(zip(names, row, strict=True)) for row in rows]
