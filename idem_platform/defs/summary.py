@@ -17,6 +17,8 @@ from typing import Any
 
 import dagster as dg
 
+from idem_platform.postgres.schema import qualified_table_name
+
 # Kept as JSON entries: lists and small maps a machine rebuilds the summary from.
 JSON_KEYS = ("files", "offsets", "schema_versions", "prior", "timings", "consumer_group", "notes")
 FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds", "replay_skipped")
@@ -75,7 +77,7 @@ def _table_markdown(tables: Mapping[str, Mapping[str, Any]]) -> str:
     lines = ["| table | written | skipped | new columns |", "|---|---:|---:|---|"]
     for record_type, counts in sorted(tables.items()):
         new = ", ".join(counts.get("new_columns") or []) or "—"
-        lines.append(f"| `idem.{record_type}` | {counts.get('written', 0):,} | {counts.get('skipped', 0):,} | {new} |")
+        lines.append(f"| `{qualified_table_name(record_type)}` | {counts.get('written', 0):,} | {counts.get('skipped', 0):,} | {new} |")
     return "\n".join(lines)
 
 

@@ -77,7 +77,7 @@ def test_the_repair_sets_what_old_commits_wrote_to_null_and_leaves_real_strings(
         conn.execute("UPDATE idem.indicator SET colour = 'null' WHERE _external_id = 'a'")
         conn.execute("UPDATE idem.indicator SET size = 'null' WHERE _external_id IN ('a', 'b')")
         conn.execute("UPDATE idem.indicator SET colour = 'null' WHERE _external_id = 'd'")
-        conn.execute("""UPDATE idem."threat-actor" SET motive = 'null'""")
+        conn.execute("""UPDATE idem.threat_actor SET motive = 'null'""")
         conn.execute("DELETE FROM idem.schema_migrations WHERE version = %s", [REPAIR])
     before = dict(rows(pg_url, "SELECT _external_id, (colour, size)::text FROM idem.indicator"))
     assert before == {"a": "(null,null)", "b": "(null,null)", "c": "(red,null)", "d": "(null,)"}
@@ -90,6 +90,6 @@ def test_the_repair_sets_what_old_commits_wrote_to_null_and_leaves_real_strings(
         "c": ("red", "null"),  # the string "null" stays
         "d": ("null", None),  # no such field in _payload: not the JSON null the repair is for
     }
-    assert rows(pg_url, 'SELECT motive FROM idem."threat-actor"') == [(None,)]
+    assert rows(pg_url, 'SELECT motive FROM idem.threat_actor') == [(None,)]
     with connect(pg_url, autocommit=True) as conn:
         assert ensure_schema(conn) == []  # once
