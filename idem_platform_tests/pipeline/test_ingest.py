@@ -293,7 +293,7 @@ def test_names_postgresql_keeps_for_itself_never_reach_ddl(pg_url: str, threatfe
     own = {
         r[0]
         for r in rows(pg_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'idem'")
-        if r[0] not in threatfeed.table_specs
+        if r[0] not in {table_name(t) for t in threatfeed.table_specs}
     }
     assert own == RESERVED_TABLE_NAMES
 
