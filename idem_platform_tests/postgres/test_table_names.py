@@ -1,6 +1,6 @@
 """Table names: a record type with ``-`` has a table spelt with ``_`` (``idem.threat_actor``),
 and a table an earlier version named after the record type itself (``idem."threat-actor"``)
-is renamed when first met (the sync before a commit, a read), rows, index and key included."""
+is renamed when first met (the sync before a commit, a read, a retype), rows, index and key included."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from idem_platform.config import IdemConfig
 from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec, commit_index_name, table_name
 from idem_platform.errors import ConfigError
 from idem_platform.postgres import connect
+from idem_platform.postgres.retype import retype_column
 from idem_platform.postgres.tables import (
     adopt_legacy_tables,
     existing_columns,
@@ -108,6 +109,23 @@ def test_a_read_renames_an_old_table_before_any_commit(pg_url: str, config: Idem
     assert rows(pg_url, "SELECT _external_id, name FROM idem.threat_actor") == [("ta-9", "old row")]
     with connect(pg_url, autocommit=True) as conn:  # renamed once: nothing left to do
         assert adopt_legacy_tables(conn, ["threat-actor"]) == [] and existing_columns(conn, "threat-actor")["name"] == "text"
+
+
+def test_a_retype_renames_an_old_table_before_any_commit(pg_url: str, config: IdemConfig) -> None:
+    spec = config.table_specs["threat-actor"]
+    with connect(pg_url, autocommit=True) as conn:
+        _old_create(conn, spec)
+        conn.execute('ALTER TABLE idem."threat-actor" ADD COLUMN rank text')  # added by evolution back then
+        record_catalog(conn, spec)
+        conn.execute(
+            """INSERT INTO idem."threat-actor" (_idempotency_key, _connector, _record_type, _external_id,
+               _content_hash, _schema_version, _commit_id, _ingested_at, _payload, name, rank)
+               VALUES ('k', 'threatfeed', 'threat-actor', 't', 'h', 1, gen_random_uuid(), now(), '{}', 'n', '7')"""
+        )
+    report = retype_column(pg_url, spec, "rank", "long")
+    assert report["rows_retyped"] == 1
+    assert rows(pg_url, "SELECT rank, _rank__long FROM idem.threat_actor") == [("7", 7)]
+    assert "threat-actor" not in _relations(pg_url, "threat-actor")
 
 
 def test_a_long_record_types_index_gets_the_digest_of_its_new_name(pg_url: str, config: IdemConfig) -> None:
