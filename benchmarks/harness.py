@@ -26,6 +26,7 @@ import psutil
 import psycopg
 from psycopg import sql
 
+from idem_platform.postgres.tables import table_ident
 from idem_platform.samples import write_threatfeed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -256,7 +257,7 @@ def copy_baseline(url: str, records: int) -> float:
     seconds = 0.0
     with psycopg.connect(url, autocommit=True) as conn:
         for table in TABLES:
-            source = sql.SQL("idem.{}").format(sql.Identifier(table))
+            source = table_ident(table)
             target = sql.Identifier(f"copy_baseline_{table}".replace("-", "_"))
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(target))
             conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(target, source))

@@ -69,6 +69,7 @@ from benchmarks.harness import (  # noqa: E402
 from benchmarks.small_bench import drop_database  # noqa: E402
 from idem_platform.config import FileDropConnector  # noqa: E402
 from idem_platform.contract.keys import file_key_from_digest  # noqa: E402
+from idem_platform.postgres.tables import table_ident  # noqa: E402
 from idem_platform.samples import threatfeed_lines  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -383,8 +384,8 @@ def verify(url: str, expected: dict[str, int]) -> dict[str, Any]:
             rows = ids = 0
             for table in TABLES:
                 row = conn.execute(
-                    sql.SQL("SELECT count(*), count(DISTINCT _external_id) FROM idem.{} WHERE _connector = %s").format(
-                        sql.Identifier(table)
+                    sql.SQL("SELECT count(*), count(DISTINCT _external_id) FROM {} WHERE _connector = %s").format(
+                        table_ident(table)
                     ),
                     [connector],
                 ).fetchone()

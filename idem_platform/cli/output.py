@@ -17,6 +17,7 @@ import traceback
 from typing import Any
 
 from idem_platform.pipeline.retry import human_retry_summary
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.private_files import write_private_text
 from idem_platform.redact import scrub
 from idem_platform.settings import idem_home, spark_connect_log_level_from_environment
@@ -94,7 +95,7 @@ def human_summary(summary: dict[str, Any]) -> str:
         )
     rows = [("table", "written", "skipped")]
     for record_type, counts in sorted((summary.get("tables") or {}).items()):
-        rows.append((f"idem.{record_type}", f"{counts.get('written', 0):,}", f"{counts.get('skipped', 0):,}"))
+        rows.append((qualified_table_name(record_type), f"{counts.get('written', 0):,}", f"{counts.get('skipped', 0):,}"))
     rows.append(("total", f"{summary.get('rows_written', 0):,}", f"{summary.get('rows_skipped', 0):,}"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     table = [f"  {r[0].ljust(widths[0])}  {r[1].rjust(widths[1])}  {r[2].rjust(widths[2])}" for r in rows]

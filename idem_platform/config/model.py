@@ -19,6 +19,7 @@ from idem_platform.contract.catalog import (
     Column,
     ColumnType,
     TableSpec,
+    table_name,
 )
 from idem_platform.contract.keys import NAME_PATTERN
 from idem_platform.contract.otlp_logs import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
@@ -96,10 +97,19 @@ class IdemConfig(ConfigModel):
                     f"record type {name!r} must match [a-z0-9_-]{{1,{MAX_IDENTIFIER_BYTES}}} "
                     "(PostgreSQL cuts longer table names)"
                 )
-            if name in RESERVED_TABLE_NAMES:
+            if table_name(name) in RESERVED_TABLE_NAMES:
+                what = "is the name of" if table_name(name) == name else f"would be the table idem.{table_name(name)},"
                 raise ValueError(
-                    f"record type {name!r} is the name of one of idem's own tables in schema idem "
+                    f"record type {name!r} {what} one of idem's own tables in schema idem "
                     f"({', '.join(sorted(RESERVED_TABLE_NAMES))}): pick another"
+                )
+        tables: dict[str, str] = {}
+        for name in value:
+            other = tables.setdefault(table_name(name), name)
+            if other != name:
+                raise ValueError(
+                    f"record types {other!r} and {name!r} would share the table idem.{table_name(name)} "
+                    "(a table name spells '-' as '_'): rename one of them"
                 )
         return value
 

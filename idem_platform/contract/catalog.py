@@ -116,9 +116,31 @@ class Column:
         return typed_column_name(self.name, self.retyped.kind) if self.retyped is not None else None
 
 
+def table_name(record_type: str) -> str:
+    """The table of a record type in schema ``idem``: the record type with ``-`` spelt ``_``
+    (``threat-actor`` -> ``threat_actor``).
+
+    Record types use ``[a-z0-9_-]``; a ``-`` would make the table name one that every query
+    has to quote (``idem."threat-actor"``), so tables never carry it. The record type itself
+    (in the record key, ``_record_type``, ``idem.catalog``) is kept exactly as received; two
+    record types that differ only by ``-`` and ``_`` are refused when the config loads.
+    """
+    return record_type.replace("-", "_")
+
+
+def commit_index_name(table: str) -> str:
+    """The name of table ``table``'s ``_commit_id`` index: ``<table>_commit_id``, or for a long
+    name its head and a digest: PostgreSQL cuts names at 63 bytes, and two long tables must
+    not share one index name (index names are per schema, like table names)."""
+    name = f"{table}_commit_id"
+    if len(name) <= MAX_IDENTIFIER_BYTES:
+        return name
+    return f"{table[:40]}_{hashlib.sha256(table.encode()).hexdigest()[:12]}_commit_id"
+
+
 @dataclass(frozen=True)
 class TableSpec:
-    """A record type: its table ``idem.<record_type>``, schema version and columns."""
+    """A record type: its table ``idem.<table_name(record_type)>``, schema version and columns."""
 
     record_type: str
     schema_version: int

@@ -27,8 +27,9 @@ from pydantic import Field, PrivateAttr
 from idem_platform.config import IdemConfig
 from idem_platform.defs.resources import ConfigsByTable, PostgresResource, SparkResource
 from idem_platform.defs.summary import summary_from_metadata
-from idem_platform.defs.tables import record_type_of, table_name
+from idem_platform.defs.tables import record_type_of
 from idem_platform.pipeline.ingest import check_cluster_reach
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.private_files import create_private, private_dir
 from idem_platform.read.table import read_table
 from idem_platform.redact import secrets_kept
@@ -254,7 +255,7 @@ class TableIOManager(dg.ConfigurableIOManager):
                 skip_failed=skip,
             )
         metadata: dict[str, Any] = {
-            "table": dg.MetadataValue.text(table_name(record_type)),
+            "table": dg.MetadataValue.text(qualified_table_name(record_type)),
             "current_version": dg.MetadataValue.int(read.current_version),
             "rows": dg.MetadataValue.int(sum(read.rows_by_version.values())),
             "rows_by_version": dg.MetadataValue.json({str(v): n for v, n in sorted(read.rows_by_version.items())}),
@@ -268,9 +269,9 @@ class TableIOManager(dg.ConfigurableIOManager):
             metadata["skipped"] = dg.MetadataValue.int(read.skipped)
         if commit_id:
             metadata["commit_id"] = dg.MetadataValue.text(str(commit_id))
-        context.add_input_metadata(metadata, description=f"read {table_name(record_type)} as a Spark DataFrame")
+        context.add_input_metadata(metadata, description=f"read {qualified_table_name(record_type)} as a Spark DataFrame")
         context.log.info(
             "%s: %s rows by stored schema version, read as version %d",
-            table_name(record_type), dict(sorted(read.rows_by_version.items())), read.current_version,
+            qualified_table_name(record_type), dict(sorted(read.rows_by_version.items())), read.current_version,
         )
         return read.frame

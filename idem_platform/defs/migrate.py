@@ -22,9 +22,10 @@ from pydantic import Field
 from idem_platform.config import IdemConfig
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
-from idem_platform.defs.tables import table_key, table_name
+from idem_platform.defs.tables import table_key
 from idem_platform.errors import IdemError
 from idem_platform.migrations import MigrationFailed
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.read.migrate.counts import plan_migration, selected_types
 from idem_platform.read.migrate.report import human_report
 from idem_platform.read.migrate.run import DEFAULT_BATCH_ROWS, migrate
@@ -104,7 +105,7 @@ def migrate_job(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_KEYS, 
                         asset_key=table_key(record_type),
                         description=f"idem migrate: {entry['rows_moved']:,} rows moved to v{entry['current_version']}",
                         metadata={
-                            "dagster/table_name": dg.MetadataValue.text(table_name(record_type)),
+                            "dagster/table_name": dg.MetadataValue.text(qualified_table_name(record_type)),
                             "schema_version": dg.MetadataValue.int(int(entry["current_version"])),
                             "rows_moved": dg.MetadataValue.int(int(entry["rows_moved"])),
                             "rows_failed": dg.MetadataValue.int(int(entry["rows_failed"])),

@@ -17,6 +17,8 @@ from typing import Any
 
 import dagster as dg
 
+from idem_platform.postgres.schema import qualified_table_name
+
 EFFECT_KEYS = ("effects_created", "effects_suppressed")  # when the config has effects on the tables written
 # Kept as JSON entries: lists and small maps a machine rebuilds the summary from.
 JSON_KEYS = ("files", "offsets", "schema_versions", "prior", "timings", "consumer_group", "notes")
@@ -76,7 +78,7 @@ def _table_markdown(tables: Mapping[str, Mapping[str, Any]]) -> str:
     lines = ["| table | written | skipped | new columns |", "|---|---:|---:|---|"]
     for record_type, counts in sorted(tables.items()):
         new = ", ".join(counts.get("new_columns") or []) or "—"
-        lines.append(f"| `idem.{record_type}` | {counts.get('written', 0):,} | {counts.get('skipped', 0):,} | {new} |")
+        lines.append(f"| `{qualified_table_name(record_type)}` | {counts.get('written', 0):,} | {counts.get('skipped', 0):,} | {new} |")
     return "\n".join(lines)
 
 

@@ -1,7 +1,9 @@
-"""The warehouse tables as Dagster assets: ``idem/<record_type>`` for each ``idem.<record_type>``.
+"""The warehouse tables as Dagster assets: ``idem/<record_type>`` for each record type's table.
 
 Each record type a connector writes is one asset, keyed ``["idem", <record_type>]``
-(the PostgreSQL schema and table, as Dagster's SQL integrations key tables), in the
+(the PostgreSQL schema and, as Dagster's SQL integrations key tables, the table: for a
+record type with ``-`` the key keeps the record type as written, ``idem/threat-actor``,
+while its ``dagster/table_name`` is the real table, ``idem.threat_actor``), in the
 group ``idem_tables``, downstream of the ``<connector>/committed`` asset of every
 connector that writes it. It is an :class:`~dagster.AssetSpec`, not a materializable
 asset: only the connectors' exactly-once commits write the table, and the UI must not
@@ -34,11 +36,11 @@ import psycopg
 from psycopg import sql
 
 from idem_platform.config import ConnectorConfig, IdemConfig
-from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec
+from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec, table_name
 from idem_platform.defs.connector.names import asset_keys
 from idem_platform.defs.resources import DEFAULT_KEYS, TABLE_IO_MANAGER_KEY, ResourceKeys
 from idem_platform.errors import ConfigError
-from idem_platform.postgres.schema import SCHEMA
+from idem_platform.postgres.schema import SCHEMA, qualified_table_name
 from idem_platform.postgres.tables import effective_spec, existing_columns, table_ident
 
 TABLE_IO_MANAGER = TABLE_IO_MANAGER_KEY  # the default database's (ResourceKeys.table_io_manager)
@@ -66,13 +68,13 @@ _COLUMN_NOTES = {
 
 
 def table_key(record_type: str) -> dg.AssetKey:
-    """The asset key of ``idem.<record_type>``: ``["idem", <record_type>]``."""
+    """The asset key of a record type's table: ``["idem", <record_type>]``.
+
+    The record type as written, ``-`` included (``idem/threat-actor``): the key names what
+    users declare and query by (``idem read threat-actor``), and keys of tables that an
+    earlier version wrote keep their history. The table's real name is its
+    ``dagster/table_name`` (:func:`~idem_platform.postgres.schema.qualified_table_name`)."""
     return dg.AssetKey([KEY_PREFIX, record_type])
-
-
-def table_name(record_type: str) -> str:
-    """``idem.<record_type>`` (the ``dagster/table_name``)."""
-    return f"{SCHEMA}.{record_type}"
 
 
 def record_type_of(key: dg.AssetKey) -> str | None:
@@ -212,14 +214,14 @@ def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_
                 kinds={"postgres"},
                 tags={RECORD_TYPE_TAG: record_type},
                 description=(
-                    f"The table `{table_name(record_type)}`: every `{record_type}` record committed exactly once "
+                    f"The table `{qualified_table_name(record_type)}`: every `{record_type}` record committed exactly once "
                     f"by {names} (schema version {spec.schema_version}). Only those commits write it; each "
                     "reports a materialization here with the row count and the columns as they are now. "
                     f"An asset with `ins={{'{record_type.replace('-', '_')}': AssetIn({list(table_key(record_type).path)!r})}}` "
                     "receives it as a Spark DataFrame in the current schema version (older rows migrated on read)."
                 ),
                 metadata={
-                    "dagster/table_name": table_name(record_type),
+                    "dagster/table_name": qualified_table_name(record_type),
                     "dagster/column_schema": schema,
                     "dagster/column_lineage": column_lineage(schema, spec, connectors),
                     "schema_version": spec.schema_version,
@@ -237,7 +239,7 @@ class RowCount(NamedTuple):
 
 
 def count_rows(conn: psycopg.Connection, record_type: str, *, exact_max_bytes: int = EXACT_COUNT_MAX_BYTES) -> RowCount:
-    """``idem.<record_type>``'s rows: exact up to ``exact_max_bytes`` of table, else the estimate.
+    """The rows of a record type's table: exact up to ``exact_max_bytes`` of table, else the estimate.
 
     The estimate is the planner's: ``reltuples / relpages`` (the density the last ANALYZE
     saw; autovacuum keeps it fresh) times the table's pages now, one catalog row read. A
@@ -252,7 +254,7 @@ def count_rows(conn: psycopg.Connection, record_type: str, *, exact_max_bytes: i
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
         """,
-        [SCHEMA, record_type],
+        [SCHEMA, table_name(record_type)],
     ).fetchone()
     if stats is None:
         return RowCount(0, True)
@@ -291,7 +293,7 @@ def table_materializations(
         metadata: dict[str, Any] = {
             "dagster/row_count": dg.MetadataValue.int(count.rows),
             "row_count_exact": dg.MetadataValue.bool(count.exact),
-            "dagster/table_name": dg.MetadataValue.text(table_name(record_type)),
+            "dagster/table_name": dg.MetadataValue.text(qualified_table_name(record_type)),
             "schema_version": dg.MetadataValue.int(
                 int(versions.get(record_type) or (spec.schema_version if spec else 1))
             ),

@@ -40,6 +40,7 @@ from idem_platform.ledger import (
 )
 from idem_platform.pipeline.ingest import CoercedBatch, read_ledger, record_spec
 from idem_platform.postgres.connection import connect
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.postgres.tables import tables_with_rows
 from idem_platform.redact import masked, remember_url, scrub
 from idem_platform.write.apply.claim import ClaimLost, claim_taken
@@ -381,7 +382,7 @@ def _stage_and_apply(
         if request.progress is not None:
             request.progress(
                 f"applying {applying.records_staged:,} records into "
-                + ", ".join(f"idem.{t}" for t in sorted(plan.tables))
+                + ", ".join(qualified_table_name(t) for t in sorted(plan.tables))
             )
         result = applying.finish()
     if applying.leftovers:  # the connection went after COMMIT: drop them on a new one

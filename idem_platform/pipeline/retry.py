@@ -33,6 +33,7 @@ from idem_platform.pipeline.ingest import (
     read_ledger,
     record_spec,
 )
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.sources.rejects.plan import RetryPlan, plan_retry
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ def human_retry_summary(summary: dict[str, Any]) -> str:
             f"{summary.get('rows_skipped', 0):,} skipped (their keys were committed already)"
         )
         for record_type, counts in sorted((summary.get("tables") or {}).items()):
-            lines.append(f"    idem.{record_type}: {counts.get('written', 0):,} written, {counts.get('skipped', 0):,} skipped")
+            lines.append(f"    {qualified_table_name(record_type)}: {counts.get('written', 0):,} written, {counts.get('skipped', 0):,} skipped")
         if retry.get("still_failing"):
             lines.append(
                 f"  {retry['still_failing']:,} still fail and stay quarantined with their new reasons: "

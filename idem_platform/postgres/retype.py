@@ -53,12 +53,13 @@ from idem_platform.contract.catalog import (
 )
 from idem_platform.errors import TerminalError, TransientError
 from idem_platform.postgres.connection import connect
-from idem_platform.postgres.schema import DDL_LOCK_ID, SCHEMA
+from idem_platform.postgres.schema import DDL_LOCK_ID, SCHEMA, qualified_table_name
 from idem_platform.postgres.tables import (
     add_column,
     effective_spec,
     existing_columns,
     record_catalog,
+    rename_legacy_tables,
     table_ident,
 )
 
@@ -244,6 +245,7 @@ def _add_companion(
         # The one lock order: DDL lock, catalog row, then the table.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_ID])
         conn.execute(f"SELECT 1 FROM {SCHEMA}.catalog WHERE record_type = %s FOR UPDATE", [record_type])
+        rename_legacy_tables(conn, [record_type])  # a table of the old name, no commit since: its new name
         columns = existing_columns(conn, record_type)
         current = _retypable(spec, column, target, columns)
         if current.retyped is not None:
@@ -259,7 +261,7 @@ def _add_companion(
         record_catalog(conn, effective_spec(spec, existing_columns(conn, record_type)))
         return True
 
-    added = _with_lock_tries(conn, f"the catalog row and table of idem.{record_type}", timeout, work)
+    added = _with_lock_tries(conn, f"the catalog row and table of {qualified_table_name(record_type)}", timeout, work)
     return bool(added), typed
 
 
@@ -269,7 +271,7 @@ def _retypable(spec: TableSpec, column: str, target: ColumnType, columns: dict[s
     Raises:
         RetypeRefused: saying why not.
     """
-    table = f"idem.{spec.record_type}"
+    table = qualified_table_name(spec.record_type)
     if not columns:
         raise RetypeRefused(f"table {table} does not exist yet: nothing was ingested into it, so it has no evolved columns")
     current = effective_spec(spec, columns)
@@ -349,7 +351,7 @@ def _backfill(
         def work(params: dict[str, Any] = params) -> Any:
             return conn.execute(statement, params).fetchone()
 
-        scanned, updated, last, failed, sample = _with_lock_tries(conn, f"rows of idem.{record_type}", timeout, work)
+        scanned, updated, last, failed, sample = _with_lock_tries(conn, f"rows of {qualified_table_name(record_type)}", timeout, work)
         if scanned:
             batches += 1
             retyped += updated
@@ -357,7 +359,7 @@ def _backfill(
             examples += [{"_idempotency_key": k, "value": v} for k, v in sample][: EXAMPLES - len(examples)]
             if progress is not None:
                 progress(
-                    f"idem.{record_type}.{column} -> {kind}: batch {batches}: {updated:,} retyped, "
+                    f"{qualified_table_name(record_type)}.{column} -> {kind}: batch {batches}: {updated:,} retyped, "
                     f"{failed:,} did not cast"
                 )
         if scanned < batch_rows:
@@ -376,7 +378,7 @@ def _backfill(
 def human_report(report: dict[str, Any]) -> str:
     """A retype's report for a person at a terminal."""
     head = (
-        f"idem.{report['record_type']}.{report['column']} retyped to {report['to']} "
+        f"{qualified_table_name(report['record_type'])}.{report['column']} retyped to {report['to']} "
         f"(column {report['typed_column']}, {'added now' if report['added'] else 'already there'})"
     )
     lines = [

@@ -12,6 +12,8 @@ from importlib import resources
 
 import psycopg
 
+from idem_platform.contract.catalog import table_name
+
 SCHEMA = "idem"
 STAGING_SCHEMA = "idem_staging"
 DDL_LOCK_ID = 0x1DE_5C4E  # pg_advisory_xact_lock key for all idem DDL
@@ -53,3 +55,9 @@ def ensure_schema(conn: psycopg.Connection) -> list[int]:
             )
             applied_now.append(version)
     return applied_now
+
+
+def qualified_table_name(record_type: str) -> str:
+    """``idem.<table>`` of a record type (``idem.threat_actor`` for ``threat-actor``): the
+    table's real name, which needs no quoting (Dagster's ``dagster/table_name``, messages)."""
+    return f"{SCHEMA}.{table_name(record_type)}"

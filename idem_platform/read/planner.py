@@ -15,12 +15,17 @@ import psycopg
 from psycopg import sql
 
 from idem_platform.config import IdemConfig
-from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec
+from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec, table_name
 from idem_platform.errors import ConfigError
 from idem_platform.migrations import MigrationSource
 from idem_platform.postgres.connection import connect
 from idem_platform.postgres.schema import SCHEMA
-from idem_platform.postgres.tables import effective_spec, existing_columns, table_ident
+from idem_platform.postgres.tables import (
+    adopt_legacy_tables,
+    effective_spec,
+    existing_columns,
+    table_ident,
+)
 from idem_platform.read.plan import (
     ERROR_COLUMN,
     PAYLOAD_VERSION,
@@ -102,6 +107,7 @@ def plan_read(
         raise ConfigError(f"limit must be at least 1 (got {limit})")
     declared = config.table_specs[record_type]
     with connect(url, application_name="idem-read-plan") as conn:
+        adopt_legacy_tables(conn, [record_type])  # a table of the old name: renamed before it is read
         existing = existing_columns(conn, record_type)
         spec = effective_spec(declared, existing) if existing else declared
         plan = ReadPlan(
@@ -165,7 +171,7 @@ def _bounds(conn: psycopg.Connection, plan: ReadPlan, rows: int, parallelism: in
     stored = conn.execute(
         "SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relname = %s",
-        [SCHEMA, plan.record_type],
+        [SCHEMA, table_name(plan.record_type)],
     ).fetchone()
     table_rows = max(int(stored[0]) if stored else 0, rows, 1)
     percent = min(100.0, 100.0 * max(SAMPLE_ROWS, 20 * count) / max(rows, 1), 100.0 * MAX_SAMPLED_ROWS / table_rows)

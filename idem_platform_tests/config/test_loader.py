@@ -30,6 +30,7 @@ from idem_platform_tests.helpers.config import BASE
         (("connectors:", "connectors: ["), "not valid YAML"),
         (("      name:", "      xmin:"), "or one of PostgreSQL's system columns (cmax, cmin, ctid, oid, tableoid, xmax, xmin)"),
         (("thing", "commits"), "record type 'commits' is the name of one of idem's own tables"),
+        (("thing", "ingest-ledger"), "record type 'ingest-ledger' would be the table idem.ingest_ledger, one of idem's own tables"),
         (("thing", "t" * 64), f"record type '{'t' * 64}' must match [a-z0-9_-]{{1,63}}"),
     ],
 )
@@ -39,6 +40,21 @@ def test_errors_name_file_key_and_line(tmp_path: Path, edit: tuple[str, str], me
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert str(caught.value).startswith(str(path)) and message in str(caught.value), str(caught.value)
+
+
+def test_record_types_that_would_share_a_table_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "idem.yaml"
+    path.write_text(BASE.replace("  thing:\n", "  threat_actor: {}\n  threat-actor: {}\n  thing:\n"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: tables (line 8): ") and message.endswith(
+        "record types 'threat_actor' and 'threat-actor' would share the table idem.threat_actor "
+        "(a table name spells '-' as '_'): rename one of them"
+    ), message
+    # Either alone is fine: its table is idem.threat_actor.
+    path.write_text(BASE.replace("  thing:\n", "  threat-actor: {}\n  thing:\n"))
+    assert sorted(load_config(path).tables) == ["thing", "threat-actor"]
 
 
 def test_environment_variables_are_resolved(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,7 +73,7 @@ def test_definitions_expose_assets_job_sensor_schedule_and_checks(threatfeed: Id
     # Before any run the UI shows what committed writes: the tables and their declared columns.
     committed = dg.AssetKey(["threatfeed", "committed"])
     declared = defs.resolve_assets_def(committed).metadata_by_key[committed]
-    assert "`idem.threat-actor`" in declared["writes"].value
+    assert "`idem.threat_actor`" in declared["writes"].value
     columns = {c.name: c for c in declared["columns/indicator"].schema.columns}
     assert columns["confidence"].type == "integer" and columns["name"].constraints.nullable is False
     assert "_idempotency_key" in columns and "props" in columns

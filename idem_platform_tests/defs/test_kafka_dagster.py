@@ -175,7 +175,7 @@ def test_broker_down_skips_the_tick_and_the_next_tick_resumes_without_loss(
         with connect(pg_url) as conn:
             assert conn.execute("SELECT count(*) FROM idem.malware").fetchone()[0] + conn.execute(
                 "SELECT count(*) FROM idem.indicator"
-            ).fetchone()[0] + conn.execute('SELECT count(*) FROM idem."threat-actor"').fetchone()[0] == 40
+            ).fetchone()[0] + conn.execute('SELECT count(*) FROM idem.threat_actor').fetchone()[0] == 40
     finally:
         own.stop()
 

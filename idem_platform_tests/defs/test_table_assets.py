@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import DataFrame
 
 from idem_platform.config import IdemConfig, parse_config
+from idem_platform.contract.catalog import table_name
 from idem_platform.defs.definitions import build_definitions, resources_for
 from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
 from idem_platform.defs.tables import TABLE_IO_MANAGER, count_rows, table_asset_specs, table_key
@@ -74,7 +75,7 @@ def table_events(instance: dg.DagsterInstance, record_type: str) -> list[dg.Asse
 
 def count(pg_url: str, record_type: str) -> int:
     with connect(pg_url) as conn:
-        return int(conn.execute(f'SELECT count(*) FROM idem."{record_type}"').fetchone()[0])  # type: ignore[index]
+        return int(conn.execute(f'SELECT count(*) FROM idem.{table_name(record_type)}').fetchone()[0])  # type: ignore[index]
 
 
 def materialize_asset(
@@ -122,6 +123,9 @@ def test_each_written_table_is_an_asset_downstream_of_its_writers(tmp_path: Path
     assert isinstance(mapping, dg.AllPartitionMapping)
     spec = next(s for s in defs.resolve_all_asset_specs() if s.key == INDICATOR)
     assert spec.metadata["dagster/table_name"] == "idem.indicator" and spec.metadata["schema_version"] == 1
+    # A record type with '-': the key keeps it as written, the table name is the real, unquoted table.
+    actor = next(s for s in defs.resolve_all_asset_specs() if s.key == dg.AssetKey(["idem", "threat-actor"]))
+    assert actor.metadata["dagster/table_name"] == "idem.threat_actor" and "`idem.threat_actor`" in str(actor.description)
     assert "postgres" in spec.kinds and spec.tags["idem/record_type"] == "indicator"
     columns = {c.name: c for c in spec.metadata["dagster/column_schema"].columns}
     assert list(columns)[:2] == ["_idempotency_key", "_connector"] and list(columns)[-1] == "props"

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from idem_platform.contract.catalog import table_name
 from idem_platform.postgres import connect
 
 RECORD_TABLES = ("indicator", "malware", "threat-actor")  # the example's record types
@@ -83,7 +84,7 @@ def stored_records(url: str) -> dict[str, list[tuple[Any, ...]]]:
     with connect(url) as conn:
         stored = {
             table: conn.execute(
-                f'SELECT _idempotency_key, _content_hash, _payload::text FROM idem."{table}" ORDER BY 1'
+                f'SELECT _idempotency_key, _content_hash, _payload::text FROM idem.{table_name(table)} ORDER BY 1'
             ).fetchall()
             for table in RECORD_TABLES
         }

@@ -8,6 +8,7 @@ from typing import Any
 
 from idem_platform.coercion.records import coerce_batch
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
 from idem_platform_tests.helpers.config import write_config
@@ -76,7 +77,7 @@ def ingest(url: str, config: IdemConfig, spark: Any, name: str = "events", **req
 
 def stored_keys(url: str) -> set[str]:
     """The idempotency keys of every row in the three tables."""
-    return {key for table in TABLES for (key,) in rows(url, f'SELECT _idempotency_key FROM idem."{table}"')}
+    return {key for table in TABLES for (key,) in rows(url, f'SELECT _idempotency_key FROM idem.{table_name(table)}')}
 
 
 def expected_keys(config: IdemConfig, messages: list[tuple[int, bytes | None, bytes | None, Any]], topic: str) -> set[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform_tests.helpers.cli import cli_env, idem_command
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.slow
 def _counts(pg_url: str) -> dict[str, int]:
     with connect(pg_url) as conn:
         return {
-            table: conn.execute(f'SELECT count(*) FROM idem."{table}"').fetchone()[0]
+            table: conn.execute(f'SELECT count(*) FROM idem.{table_name(table)}').fetchone()[0]
             for table in ("indicator", "malware", "threat-actor", "rejects", "commits")
         }
 

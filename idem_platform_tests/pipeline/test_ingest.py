@@ -10,6 +10,7 @@ import pytest
 from psycopg import sql
 
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.errors import FileChangedError, RejectRatioExceeded
 from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
@@ -61,7 +62,7 @@ def test_first_ingest_writes_typed_rows(pg_url: str, threatfeed: IdemConfig, spa
     malware = rows(pg_url, "SELECT _external_id, sample_size, first_seen, is_packed, labels FROM idem.malware")
     assert malware[0][0] == "7" and malware[0][1] == 12345678901
     assert malware[0][2].isoformat() == "2023-11-14T22:13:20+00:00" and malware[0][4] == ["x"]
-    actor = rows(pg_url, 'SELECT name, aliases, sophistication, observed_count FROM idem."threat-actor"')
+    actor = rows(pg_url, 'SELECT name, aliases, sophistication, observed_count FROM idem.threat_actor')
     assert actor == [("Cozy Bear é", ["apt29"], 5, 3)]
     rejects = rows(pg_url, "SELECT source, position, line, raw, reasons FROM idem.rejects ORDER BY line")
     assert [r[2] for r in rejects] == [5, 6]
@@ -117,7 +118,7 @@ def test_every_record_counted_once_on_a_generated_feed(pg_url: str, threatfeed: 
         line for line in lines if line.startswith('{"type": "') and '"unknown-type"' not in line and "bad-" not in line
     }
     assert summary["rows_written"] == len(distinct_good)
-    stored = sum(rows(pg_url, f'SELECT count(*) FROM idem."{t}"')[0][0] for t in ("indicator", "malware", "threat-actor"))
+    stored = sum(rows(pg_url, f'SELECT count(*) FROM idem.{table_name(t)}')[0][0] for t in ("indicator", "malware", "threat-actor"))
     assert stored == summary["rows_written"]
 
 
@@ -135,9 +136,9 @@ def test_schema_evolution_adds_text_columns_and_keeps_the_rest_in_props(
     # At most 32 new columns per batch, taken in order of first appearance (then by name).
     added = summary["tables"]["threat-actor"]["new_columns"]
     assert added == ["zone"] + [f"extra_{i:02d}" for i in range(31)]
-    props = rows(pg_url, """SELECT props FROM idem."threat-actor" WHERE _external_id = 'ta-9'""")[0][0]
+    props = rows(pg_url, """SELECT props FROM idem.threat_actor WHERE _external_id = 'ta-9'""")[0][0]
     assert props == {"Bad-Name": 1, **{f"extra_{i:02d}": i for i in range(31, 40)}}
-    assert rows(pg_url, """SELECT zone, extra_00 FROM idem."threat-actor" ORDER BY _external_id""") == [
+    assert rows(pg_url, """SELECT zone, extra_00 FROM idem.threat_actor ORDER BY _external_id""") == [
         ("emea", None),
         (None, "0"),
     ]
@@ -148,7 +149,7 @@ def test_schema_evolution_adds_text_columns_and_keeps_the_rest_in_props(
         connector.path / "evolve2.ndjson", [json.dumps({"type": "threat-actor", "id": "ta-10", "name": "m", "zone": "apac"})]
     )
     assert ingest(pg_url, threatfeed, spark, later)["tables"]["threat-actor"]["new_columns"] == []
-    assert rows(pg_url, """SELECT zone FROM idem."threat-actor" WHERE _external_id = 'ta-10'""") == [("apac",)]
+    assert rows(pg_url, """SELECT zone FROM idem.threat_actor WHERE _external_id = 'ta-10'""") == [("apac",)]
 
 
 def test_reject_ratio_above_the_limit_commits_nothing(pg_url: str, tmp_path: Path, spark: Any) -> None:
@@ -207,7 +208,7 @@ def test_the_lazy_frames_show_exactly_what_was_committed(
     stored = {
         key
         for table in ("indicator", "malware", "threat-actor")
-        for (key,) in rows(pg_url, f'SELECT _idempotency_key FROM idem."{table}"')
+        for (key,) in rows(pg_url, f'SELECT _idempotency_key FROM idem.{table_name(table)}')
     }
     assert {r["_idempotency_key"] for r in coerced if r["_idempotency_key"]} == stored
 
@@ -292,7 +293,7 @@ def test_names_postgresql_keeps_for_itself_never_reach_ddl(pg_url: str, threatfe
     own = {
         r[0]
         for r in rows(pg_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'idem'")
-        if r[0] not in threatfeed.table_specs
+        if r[0] not in {table_name(t) for t in threatfeed.table_specs}
     }
     assert own == RESERVED_TABLE_NAMES
 

@@ -17,6 +17,7 @@ import yaml
 
 from idem_platform.coercion.records import RAW_CAP
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
 from idem_platform.pipeline.retry import human_retry_summary, retry_rejects
@@ -88,11 +89,11 @@ def keyed_rows(url: str) -> dict[str, tuple[Any, ...]]:
     """``{_source: (key, external id, content hash, name, commit)}`` of every row of every table."""
     found: dict[str, tuple[Any, ...]] = {}
     for table in TABLES:
-        exists = rows(url, "SELECT to_regclass(%s)", f'idem."{table}"')[0][0]
+        exists = rows(url, "SELECT to_regclass(%s)", f'idem.{table_name(table)}')[0][0]
         if exists is None:
             continue
         for source, *values in rows(
-            url, f'SELECT _source, _idempotency_key, _external_id, _content_hash, name, _commit_id::text FROM idem."{table}"'
+            url, f'SELECT _source, _idempotency_key, _external_id, _content_hash, name, _commit_id::text FROM idem.{table_name(table)}'
         ):
             found[source] = tuple(values)
     return found
@@ -101,9 +102,9 @@ def keyed_rows(url: str) -> dict[str, tuple[Any, ...]]:
 def counts(url: str) -> tuple[int, int, int]:
     """Commits, rows in every table, rejects."""
     total = sum(
-        rows(url, f'SELECT count(*) FROM idem."{t}"')[0][0]
+        rows(url, f'SELECT count(*) FROM idem.{table_name(t)}')[0][0]
         for t in TABLES
-        if rows(url, "SELECT to_regclass(%s)", f'idem."{t}"')[0][0] is not None
+        if rows(url, "SELECT to_regclass(%s)", f'idem.{table_name(t)}')[0][0] is not None
     )
     return rows(url, "SELECT count(*) FROM idem.commits")[0][0], total, rows(url, "SELECT count(*) FROM idem.rejects")[0][0]
 
@@ -383,7 +384,7 @@ def test_a_kafka_reject_is_retried_with_its_offset_key(
     stored = {
         key: (source, meta)
         for table in ("indicator", "malware")
-        for key, source, meta in rows(pg_url, f'SELECT _idempotency_key, _source, _kafka FROM idem."{table}"')
+        for key, source, meta in rows(pg_url, f'SELECT _idempotency_key, _source, _kafka FROM idem.{table_name(table)}')
     }
     assert set(stored) == expected_keys(fixed, messages, topic)  # what a clean ingest of the topic gives
     by_source = {source: meta for source, meta in stored.values()}

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from idem_platform.config import parse_config
+from idem_platform.contract.catalog import table_name
 from idem_platform.postgres import connect, ensure_schema
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import threatfeed_lines, write_lines
@@ -83,7 +84,7 @@ def test_a_postgres_restart_mid_commit_leaves_nothing_and_a_rerun_commits_once(
     assert "TransientError: PostgreSQL: " in err.strip().splitlines()[-1]
     with connect(url) as conn:
         for table in TABLES:
-            assert conn.execute(f'SELECT count(*) FROM idem."{table}"').fetchone() == (0,)
+            assert conn.execute(f'SELECT count(*) FROM idem.{table_name(table)}').fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM idem.commits").fetchone() == (0,)
 
     rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -91,7 +92,7 @@ def test_a_postgres_restart_mid_commit_leaves_nothing_and_a_rerun_commits_once(
     summary = json.loads(rerun.stdout.strip().splitlines()[-1])
     assert summary["rows_written"] + summary["rows_skipped"] + summary["rows_rejected"] == len(lines)
     with connect(url) as conn:
-        stored = sum(conn.execute(f'SELECT count(*) FROM idem."{t}"').fetchone()[0] for t in TABLES)
+        stored = sum(conn.execute(f'SELECT count(*) FROM idem.{table_name(t)}').fetchone()[0] for t in TABLES)
         assert stored == summary["rows_written"]
         assert conn.execute("SELECT status FROM idem.ingest_ledger WHERE key = %s", [hash_file(file).key]).fetchone() == ("committed",)
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'idem_staging'").fetchone() == (0,)

@@ -22,6 +22,7 @@ from idem_platform.contract.catalog import (
     MAX_IDENTIFIER_BYTES,
     RETYPE_KINDS,
     is_safe_column_name,
+    table_name,
     typed_column_name,
 )
 from idem_platform.pipeline import commit as run
@@ -69,7 +70,7 @@ def rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
 
 
 def by_id(url: str, column: str, table: str = "malware") -> dict[str, Any]:
-    return dict(rows(url, f'SELECT _external_id, "{column}" FROM idem."{table}" ORDER BY _external_id'))
+    return dict(rows(url, f'SELECT _external_id, "{column}" FROM idem.{table_name(table)} ORDER BY _external_id'))
 
 
 def key(url: str, ext_id: str) -> str:
@@ -372,11 +373,11 @@ def test_refusals_from_the_core_name_their_reason(evolved: IdemConfig, pg_url: s
     with pytest.raises(RetypeRefused, match="batch rows must be at least 1"):
         retype_column(pg_url, spec, "score", "long", batch_rows=0)
     other = evolved.table_specs["threat-actor"]
-    with pytest.raises(RetypeRefused, match=r"^idem.threat-actor has no column 'zone' \(its evolved text columns: none\)$"):
+    with pytest.raises(RetypeRefused, match=r"^idem.threat_actor has no column 'zone' \(its evolved text columns: none\)$"):
         retype_column(pg_url, other, "zone", "long")
     with connect(pg_url, autocommit=True) as conn:
-        conn.execute('DROP TABLE idem."threat-actor"')
-    with pytest.raises(RetypeRefused, match="table idem.threat-actor does not exist yet: nothing was ingested into it"):
+        conn.execute('DROP TABLE idem.threat_actor')
+    with pytest.raises(RetypeRefused, match="table idem.threat_actor does not exist yet: nothing was ingested into it"):
         retype_column(pg_url, other, "zone", "long")
 
 

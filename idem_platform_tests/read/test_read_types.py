@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.pipeline.commit import as_idem_error
 from idem_platform.postgres import connect
 from idem_platform.read import read_table
@@ -69,7 +70,7 @@ def test_every_type_reads_back_as_postgresql_holds_it(config: IdemConfig, pg_url
     columns = [c for c in read.plan.columns if c.present]
     names = ", ".join(f'"{c.name}"' for c in columns)
     with connect(pg_url) as conn:
-        stored = conn.execute(f'SELECT {names} FROM idem."{record_type}"').fetchall()
+        stored = conn.execute(f'SELECT {names} FROM idem.{table_name(record_type)}').fetchall()
     assert len(stored) == len(frame_rows) == (4 if record_type == "indicator" else 2)
     for values in stored:
         row = frame_rows[values[columns.index(next(c for c in columns if c.name == "_external_id"))]]

@@ -17,6 +17,7 @@ import yaml
 
 from idem_platform.coercion.records import coerce_batch
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.pipeline.ingest import record_spec
 from idem_platform.postgres import connect
 from idem_platform.postgres.connection import is_unix_socket_url
@@ -106,7 +107,7 @@ def stored_keys(pg_url: str) -> set[str]:
         return {
             row[0]
             for table in TABLES
-            for row in conn.execute(f'SELECT _idempotency_key FROM idem."{table}"').fetchall()
+            for row in conn.execute(f'SELECT _idempotency_key FROM idem.{table_name(table)}').fetchall()
         }
 
 

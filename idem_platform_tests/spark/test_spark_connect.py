@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines, write_lines
 from idem_platform.spark.session import DRIVER_JIT_OPTION, driver_java_options
@@ -62,7 +63,7 @@ def _ingest(env: dict[str, str], *paths: Path) -> dict[str, object]:
 def _rows(url: str) -> int:
     with connect(url) as conn:
         return sum(
-            conn.execute(f'SELECT count(*) FROM idem."{t}"').fetchone()[0]  # type: ignore[index]
+            conn.execute(f'SELECT count(*) FROM idem.{table_name(t)}').fetchone()[0]  # type: ignore[index]
             for t in ("indicator", "malware", "threat-actor")
         )
 

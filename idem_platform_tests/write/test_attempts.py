@@ -12,6 +12,7 @@ import pytest
 
 from idem_platform.coercion.records import RecordSpec, coerce_batch
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.errors import TransientError
 from idem_platform.ledger import Ledger
 from idem_platform.postgres import connect
@@ -75,7 +76,7 @@ def test_only_accepted_attempts_are_applied(pg_url: str, staged: tuple[CommitPla
     assert result["rows_written"] == 40 and result["rows_skipped"] == 0 and result["rows_rejected"] == 0
     with connect(pg_url) as conn:
         total = sum(
-            conn.execute(f'SELECT count(*) FROM idem."{t}" WHERE _commit_id = %s', [plan.commit_id]).fetchone()[0]
+            conn.execute(f'SELECT count(*) FROM idem.{table_name(t)} WHERE _commit_id = %s', [plan.commit_id]).fetchone()[0]
             for t in plan.tables
         )
         assert total == 40

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from idem_platform.coercion.records import coerce_batch
 from idem_platform.config import IdemConfig
 from idem_platform.pipeline.ingest import current_tables
@@ -60,8 +62,9 @@ def test_an_evolved_column_stores_json_null_as_sql_null(pg_url: str, threatfeed:
     assert {"name": "colour", "type": "string", "required": False, "evolved": True} in columns
 
 
+@pytest.mark.parametrize("actor_table", ["threat_actor", '"threat-actor"'])  # its name now, and before it had '_'
 def test_the_repair_sets_what_old_commits_wrote_to_null_and_leaves_real_strings(
-    pg_url: str, threatfeed: IdemConfig, tmp_path: Path
+    pg_url: str, threatfeed: IdemConfig, tmp_path: Path, actor_table: str
 ) -> None:
     lines = [
         _line("a", colour=None, size=None),
@@ -77,7 +80,9 @@ def test_the_repair_sets_what_old_commits_wrote_to_null_and_leaves_real_strings(
         conn.execute("UPDATE idem.indicator SET colour = 'null' WHERE _external_id = 'a'")
         conn.execute("UPDATE idem.indicator SET size = 'null' WHERE _external_id IN ('a', 'b')")
         conn.execute("UPDATE idem.indicator SET colour = 'null' WHERE _external_id = 'd'")
-        conn.execute("""UPDATE idem."threat-actor" SET motive = 'null'""")
+        conn.execute("""UPDATE idem.threat_actor SET motive = 'null'""")
+        if actor_table != "threat_actor":
+            conn.execute(f"ALTER TABLE idem.threat_actor RENAME TO {actor_table}")
         conn.execute("DELETE FROM idem.schema_migrations WHERE version = %s", [REPAIR])
     before = dict(rows(pg_url, "SELECT _external_id, (colour, size)::text FROM idem.indicator"))
     assert before == {"a": "(null,null)", "b": "(null,null)", "c": "(red,null)", "d": "(null,)"}
@@ -90,6 +95,6 @@ def test_the_repair_sets_what_old_commits_wrote_to_null_and_leaves_real_strings(
         "c": ("red", "null"),  # the string "null" stays
         "d": ("null", None),  # no such field in _payload: not the JSON null the repair is for
     }
-    assert rows(pg_url, 'SELECT motive FROM idem."threat-actor"') == [(None,)]
+    assert rows(pg_url, f"SELECT motive FROM idem.{actor_table}") == [(None,)]
     with connect(pg_url, autocommit=True) as conn:
         assert ensure_schema(conn) == []  # once

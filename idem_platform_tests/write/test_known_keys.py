@@ -16,6 +16,7 @@ import pytest
 
 from idem_platform.coercion.records import coerce_batch
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.pipeline.ingest import current_tables
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import tables_with_rows
@@ -51,7 +52,7 @@ def _coerced(plan: CommitPlan, lines: list[str]) -> pa.RecordBatch:
 
 def _rows(pg_url: str) -> int:
     with connect(pg_url) as conn:
-        return sum(conn.execute(f'SELECT count(*) FROM idem."{t}"').fetchone()[0] for t in ("indicator", "malware", "threat-actor"))  # type: ignore[index]
+        return sum(conn.execute(f'SELECT count(*) FROM idem.{table_name(t)}').fetchone()[0] for t in ("indicator", "malware", "threat-actor"))  # type: ignore[index]
 
 
 def test_known_keys_are_counted_as_skips_and_never_staged(pg_url: str, threatfeed: IdemConfig, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from idem_platform.config import IdemConfig
+from idem_platform.contract.catalog import table_name
 from idem_platform.errors import TransientError
 from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
@@ -81,7 +82,7 @@ def strong_locks(url: str, table: str) -> list[tuple[str, str]]:
             "WHERE l.relation = %s::regclass AND l.granted AND l.pid <> pg_backend_pid() "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')",
-            [f'idem."{table}"'],
+            [f'idem.{table_name(table)}'],
         ).fetchall()
 
 

@@ -16,6 +16,7 @@ from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
 from idem_platform.defs.summary import METADATA_GLOSSARY
 from idem_platform.defs.tables import declared_schema
 from idem_platform.pipeline.ingest import CoercedBatch, current_tables
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.write.batch import SourceBatch
 
 
@@ -23,7 +24,7 @@ def table_definitions(idem_config: IdemConfig, connector: ConnectorConfig) -> di
     """What ``committed`` writes, shown before its first run: the tables and their declared columns."""
     specs = idem_config.tables_for(connector)
     metadata: dict[str, dg.MetadataValue] = {
-        "writes": dg.MetadataValue.md("\n".join(f"* `idem.{name}`" for name in sorted(specs))),
+        "writes": dg.MetadataValue.md("\n".join(f"* `{qualified_table_name(name)}`" for name in sorted(specs))),
     }
     for name, spec in sorted(specs.items()):
         schema = declared_schema(spec, meta_column=connector.meta_column)

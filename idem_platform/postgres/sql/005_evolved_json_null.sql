@@ -12,7 +12,9 @@
 -- scan of it), which writes only the rows holding such a value; it takes no lock
 -- beyond the row locks of those rows (reads and other writers go on), and a table
 -- without any such row is scanned and left untouched. It runs once, inside the start-up
--- DDL transaction (see postgres/schema.py).
+-- DDL transaction (see postgres/schema.py). A record type's table is found under either
+-- name it may have: the record type itself (before table names spelt '-' as '_') or its
+-- table name (idem."threat-actor", idem.threat_actor).
 DO $$
 DECLARE
     entry record;
@@ -21,7 +23,9 @@ DECLARE
     condition text;
 BEGIN
     FOR entry IN
-        SELECT c.record_type, to_regclass(format('idem.%I', c.record_type)) AS oid,
+        SELECT c.record_type,
+               coalesce(to_regclass(format('idem.%I', c.record_type)),
+                        to_regclass(format('idem.%I', replace(c.record_type, '-', '_')))) AS oid,
                array_agg(col ->> 'name') AS names
         FROM idem.catalog c, jsonb_array_elements(c.columns) col
         WHERE jsonb_typeof(c.columns) = 'array' AND col ->> 'evolved' = 'true'
@@ -43,7 +47,7 @@ BEGIN
                string_agg(format('(%1$I = ''null'' AND _payload -> %2$L = ''null''::jsonb)', name, name), ' OR ')
         INTO sets, condition
         FROM unnest(found) AS name;
-        EXECUTE format('UPDATE idem.%I SET %s WHERE %s', entry.record_type, sets, condition);
+        EXECUTE format('UPDATE %s SET %s WHERE %s', entry.oid, sets, condition);
     END LOOP;
 END
 $$;

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from idem_platform.migrations import Chains, MigrationFailed
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.read.migrate.counts import step_counts
 from idem_platform.read.migrate.errors import MigrateError, MigrateLockTimeout
 from idem_platform.read.migrate.task import EXAMPLES, OUTPUT_DDL, MigrateTask
@@ -58,7 +59,7 @@ def run_job(spark: SparkSession, task: MigrateTask) -> JobOutcome:
             rows = frame.collect()
     except MigrationFailed as exc:
         raise MigrationFailed(
-            f"{exc} (idem migrate of idem.{record_type} stopped; batches committed before stay migrated: fix the "
+            f"{exc} (idem migrate of {qualified_table_name(record_type)} stopped; batches committed before stay migrated: fix the "
             "migration, or run idem migrate --skip-failed to leave such rows at their version)",
             step=exc.step, function=exc.function, key=exc.key,
         ) from exc
@@ -70,7 +71,7 @@ def run_job(spark: SparkSession, task: MigrateTask) -> JobOutcome:
         if name.endswith("MigrateLockTimeout"):
             raise MigrateLockTimeout(message) from exc  # says what was undone and what to do
         raise MigrateError(
-            f"idem migrate of idem.{record_type} failed on an executor: {name.rsplit('.', 1)[-1]}: {message} "
+            f"idem migrate of {qualified_table_name(record_type)} failed on an executor: {name.rsplit('.', 1)[-1]}: {message} "
             "(batches committed before stay migrated; run idem migrate again)"
         ) from exc
     outcome = JobOutcome(Counter(), 0, Counter(), 0, [])

@@ -10,7 +10,7 @@ import psycopg
 from psycopg import sql
 
 from idem_platform.config import IdemConfig
-from idem_platform.postgres.schema import DDL_LOCK_ID, SCHEMA
+from idem_platform.postgres.schema import DDL_LOCK_ID, SCHEMA, qualified_table_name
 from idem_platform.postgres.tables import existing_columns, sync_tables, table_ident
 from idem_platform.read.migrate.locks import with_lock_tries
 from idem_platform.read.plan import PAYLOAD_VERSION
@@ -48,5 +48,5 @@ def prepare_table(conn: psycopg.Connection, config: IdemConfig, record_type: str
             )
         )
 
-    with_lock_tries(conn, f"the catalog row and table of idem.{record_type}", timeout, add)
+    with_lock_tries(conn, f"the catalog row and table of {qualified_table_name(record_type)}", timeout, add)
 

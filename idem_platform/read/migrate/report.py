@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from idem_platform.postgres.schema import qualified_table_name
+
 
 def build_report(tables: dict[str, dict[str, Any]], *, dry_run: bool, started: float) -> dict[str, Any]:
     """The report's totals over its tables' entries (the shape :func:`~idem_platform.read.migrate.counts.plan_migration` documents)."""
@@ -41,17 +43,17 @@ def human_report(report: dict[str, Any]) -> str:
     for record_type, entry in report["tables"].items():
         current = entry["current_version"]
         if not entry["exists"]:
-            lines.append(f"  idem.{record_type}: no table yet")
+            lines.append(f"  {qualified_table_name(record_type)}: no table yet")
             continue
         if not entry["rows_to_move"]:
-            lines.append(f"  idem.{record_type}: nothing to migrate ({entry['rows_current']:,} rows at v{current})")
+            lines.append(f"  {qualified_table_name(record_type)}: nothing to migrate ({entry['rows_current']:,} rows at v{current})")
         else:
             versions = ", ".join(f"{n:,} at v{v}" for v, n in entry["rows_by_version"].items())
             done = "" if dry else (
                 f"; {entry['rows_moved']:,} moved in {entry['batches']:,} batch(es), {entry['rows_failed']:,} failed, "
                 f"{entry.get('rows_left', 0):,} left below v{current} ({float(entry['seconds']):.1f} s)"
             )
-            lines.append(f"  idem.{record_type} (v{current}): {entry['rows_current']:,} current, {versions}{done}")
+            lines.append(f"  {qualified_table_name(record_type)} (v{current}): {entry['rows_current']:,} current, {versions}{done}")
         for step in entry["steps"]:
             count = step["rows_to_move"] if dry else step["rows_moved"]
             failed = f", {step['rows_failed']:,} failed" if step["rows_failed"] else ""

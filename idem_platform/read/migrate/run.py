@@ -18,6 +18,7 @@ from idem_platform.config import IdemConfig
 from idem_platform.errors import ConfigError
 from idem_platform.pipeline.ingest import check_cluster_reach
 from idem_platform.postgres.connection import connect
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.postgres.tables import table_ident
 from idem_platform.read.migrate.counts import count_entry, selected_types
 from idem_platform.read.migrate.job import run_job
@@ -84,13 +85,13 @@ def migrate(
         if not entry["rows_to_move"]:
             entry["rows_left"] = 0
             if progress is not None and entry["exists"]:
-                progress(f"idem.{record_type}: nothing below v{entry['current_version']}")
+                progress(f"{qualified_table_name(record_type)}: nothing below v{entry['current_version']}")
             continue
         table_started = time.monotonic()
         if progress is not None:
             versions = ", ".join(f"v{v}: {n:,}" for v, n in entry["rows_by_version"].items())
             below = f"{entry['rows_to_move']:,} rows below v{entry['current_version']}"
-            progress(f"idem.{record_type}: {below} ({versions})")
+            progress(f"{qualified_table_name(record_type)}: {below} ({versions})")
         if session is None:
             session = spark() if callable(spark) else spark
             check_cluster_reach(_master(session), url)
@@ -105,7 +106,7 @@ def migrate(
         entry["seconds"] = round(time.monotonic() - table_started, 3)
         if progress is not None:
             progress(
-                f"idem.{record_type}: {entry['rows_moved']:,} rows moved to v{entry['current_version']} in "
+                f"{qualified_table_name(record_type)}: {entry['rows_moved']:,} rows moved to v{entry['current_version']} in "
                 f"{entry['batches']:,} batch(es), {entry['rows_failed']:,} failed, {entry['rows_left']:,} left "
                 f"below v{entry['current_version']} ({entry['seconds']:.1f} s, {plan.partitions} key range(s))"
             )

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from idem_platform.faults import checkpoint
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.read.decode import read_rows
 from idem_platform.read.migrate.errors import MigrateError
 from idem_platform.read.migrate.writer import FROM_VERSION, BatchWriter
@@ -66,7 +67,7 @@ class MigrateTask:
         missing = [c.name for c in writes if not c.present]
         if missing:
             raise MigrateError(
-                f"idem.{plan.record_type} has no column {', '.join(missing)}: the table was not brought to the "
+                f"{qualified_table_name(plan.record_type)} has no column {', '.join(missing)}: the table was not brought to the "
                 "current catalog (run idem migrate again)"
             )
         columns = tuple(c if c.name in _READ else replace(c, present=False) for c in plan.columns)

@@ -19,6 +19,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from idem_platform.postgres.connection import connect
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.postgres.tables import table_ident
 from idem_platform.read.migrate.errors import MigrateError
 from idem_platform.read.migrate.locks import with_lock_tries
@@ -112,13 +113,13 @@ class BatchWriter:
 
         try:
             return with_lock_tries(
-                self.conn, f"rows of idem.{plan.record_type}", self.lock_timeout_seconds, work,
+                self.conn, f"rows of {qualified_table_name(plan.record_type)}", self.lock_timeout_seconds, work,
                 undone="that batch was rolled back, batches committed before stay",
             )
         except psycopg.DataError as exc:
             keys = rows.column("_idempotency_key")
             raise MigrateError(
-                f"idem.{plan.record_type}: PostgreSQL refused the upgraded rows of the batch from key "
+                f"{qualified_table_name(plan.record_type)}: PostgreSQL refused the upgraded rows of the batch from key "
                 f"{keys[0].as_py()} to {keys[len(keys) - 1].as_py()}: {str(exc).strip().splitlines()[0]}"
             ) from exc
 

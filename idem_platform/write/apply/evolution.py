@@ -13,6 +13,7 @@ import psycopg
 from psycopg import sql
 
 from idem_platform.contract.catalog import STRING, column_name_problem
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.postgres.tables import existing_columns
 from idem_platform.write.apply.attempts import StagedAttempt
 
@@ -67,5 +68,5 @@ def evolution_without_columns(conn: psycopg.Connection, record_type: str, keys: 
             result.fill.append(key)
         else:
             result.to_props.append(key)
-            result.reasons[key] = f"idem.{record_type} has a {type_} column of that name, not text"
+            result.reasons[key] = f"{qualified_table_name(record_type)} has a {type_} column of that name, not text"
     return result

@@ -16,6 +16,7 @@ import psycopg
 
 from idem_platform.contract.catalog import Column
 from idem_platform.errors import TransientError
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.postgres.tables import add_column
 from idem_platform.write.plan import CommitPlan
 
@@ -55,7 +56,7 @@ def add_column_politely(conn: psycopg.Connection, plan: CommitPlan, record_type:
             if time.monotonic() >= deadline:
                 raise LockTimeout(
                     f"waited {plan.lock_timeout_seconds:g} s to add column {column.name!r} to table "
-                    f"idem.{record_type}: its readers never let go (see pg_stat_activity); nothing was "
+                    f"{qualified_table_name(record_type)}: its readers never let go (see pg_stat_activity); nothing was "
                     "committed, the next attempt retries"
                 ) from exc
             time.sleep(0.5)

@@ -10,6 +10,7 @@ from psycopg import sql
 
 from idem_platform.contract.catalog import STRING, Column, TableSpec
 from idem_platform.postgres.retype import retype_cast
+from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.postgres.tables import effective_spec, existing_columns, table_ident
 from idem_platform.write.apply.attempts import StagedAttempt
 from idem_platform.write.apply.evolution import MAX_NEW_COLUMNS, Evolution, props_reasons
@@ -65,7 +66,7 @@ class TableInserts:
     ) -> None:
         """Insert one attempt's staged rows of ``record_type`` and count what that did
         (``streaming``: a conflict must end streaming, not the commit)."""
-        with lock_wait(self.plan, f"table idem.{record_type}", streaming=streaming):
+        with lock_wait(self.plan, f"table {qualified_table_name(record_type)}", streaming=streaming):
             retyped = self._retyped_columns(record_type)
             self.written[record_type] += insert_rows(
                 self.conn,
@@ -103,7 +104,7 @@ class TableInserts:
             else:
                 result.to_props.append(key)
                 result.reasons[key] = (
-                    f"idem.{record_type} has a {type_} column of that name, not text"
+                    f"{qualified_table_name(record_type)} has a {type_} column of that name, not text"
                     if type_ is not None
                     else f"over the {MAX_NEW_COLUMNS} new columns one batch may add"
                 )

@@ -296,7 +296,7 @@ def test_nul_bytes_in_keys_headers_and_values_never_block_the_partition(
     assert "\x00" not in rejects[2][1] and rejects[2][1].startswith('{"type":"indicator","id":"n2"')
     if kafka_metadata == "include":
         kept = dict(rows(pg_url, "SELECT _source, _kafka FROM idem.indicator UNION ALL SELECT _source, _kafka FROM idem.malware "
-                         "UNION ALL SELECT _source, _kafka FROM idem.\"threat-actor\""))
+                         "UNION ALL SELECT _source, _kafka FROM idem.threat_actor"))
         assert kept[f"{topic}-0@0"]["key"] == schema_key
         assert kept[f"{topic}-0@1"]["headers"] == [["trace", {"base64": "YQBi"}], ["plain", "c"]]
     # The partition goes on: later messages commit behind them.

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from idem_platform.contract.catalog import table_name
 from idem_platform.postgres import connect
 from idem_platform.samples import threatfeed_lines
 from idem_platform.sources.kafka.offsets import committed_offsets
@@ -75,7 +76,7 @@ def test_a_killed_kafka_run_is_committed_once_by_the_rerun(
                 assert drop_stale_staging(conn, 24 * 3600) == 4
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'idem_staging'").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM idem.rejects").fetchone() == (rejected,)
-        rows = sum(conn.execute(f'SELECT count(*) FROM idem."{t}"').fetchone()[0] for t in TABLES)
+        rows = sum(conn.execute(f'SELECT count(*) FROM idem.{table_name(t)}').fetchone()[0] for t in TABLES)
     assert rows == len(keys) and rejected > 0
 
 
