@@ -18,6 +18,7 @@ start.
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import time
 import warnings
@@ -45,6 +46,7 @@ RELOAD_SETTINGS = {
 # heap and index pages (the apply then evicts nothing to the OS mid-insert:
 # 7 % less apply time at 1M records here); 200 connections leave room for
 # Dagster's webserver and daemon beside a run's executors.
+PG_CTL_WAIT_SECONDS = 300  # how long pg_ctl waits for the server to stop or start
 SETTLE_SECONDS = 1.0  # for the backends of connections just closed to leave (see embedded_postgres_url)
 OWN_APPLICATION = "idem-embedded-tuning"  # the tuning's own connections, never counted as another client
 RESTART_SETTINGS = {
@@ -87,7 +89,10 @@ def embedded_postgres_url(home: Path | None = None) -> str:
 
     directory = data_dir(home)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(directory, cleanup_mode=None)
+    try:
+        server = pgserver.get_server(directory, cleanup_mode=None)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+        raise _start_failed(directory, "start", error) from None
     url: str = server.get_uri()
     # A connection closed just before leaves pg_stat_activity a moment later, longer on a
     # loaded machine: the tuning's own are not counted, others (pgserver's) get a moment;
@@ -149,8 +154,27 @@ def _pg_ctl(args: list[str], server: PostgresServer) -> None:
 
 
 def _restart(server: PostgresServer) -> None:
+    """Restart the server for :data:`RESTART_SETTINGS`, waiting up to :data:`PG_CTL_WAIT_SECONDS`
+    (pg_ctl's own default, 60 s, is short for a shutdown checkpoint on a loaded machine)."""
     _log.info("restarting the embedded PostgreSQL to apply %s", ", ".join(RESTART_SETTINGS))
-    _pg_ctl(["-w", "-m", "fast", "restart"], server)
+    try:
+        _pg_ctl(["-w", "-t", str(PG_CTL_WAIT_SECONDS), "-m", "fast", "restart"], server)
+    except subprocess.CalledProcessError as error:
+        raise _start_failed(Path(server.pgdata), "restart", error) from None
+
+
+def _start_failed(directory: Path, action: str, error: BaseException) -> EmbeddedPostgresError:
+    """One line saying the embedded server did not ``action``, with its log's last words."""
+    log = directory / "log"
+    try:
+        tail = " | ".join(line.strip() for line in log.read_text(errors="replace").splitlines()[-5:] if line.strip())
+    except OSError:
+        tail = ""
+    said = f"; its log ({log}) ends: {tail}" if tail else ""
+    return EmbeddedPostgresError(
+        f"the embedded PostgreSQL in {directory} did not {action} ({type(error).__name__}: {error}){said}; "
+        "or set IDEM_POSTGRES_URL to a PostgreSQL server"
+    )
 
 
 def stop_embedded(home: Path | None = None) -> bool:
@@ -160,5 +184,5 @@ def stop_embedded(home: Path | None = None) -> bool:
     if not pid_file.exists():
         return False
     server = _pgserver().get_server(directory, cleanup_mode=None)
-    _pg_ctl(["-w", "-m", "fast", "stop"], server)
+    _pg_ctl(["-w", "-t", str(PG_CTL_WAIT_SECONDS), "-m", "fast", "stop"], server)
     return True
