@@ -185,4 +185,8 @@ def stop_embedded(home: Path | None = None) -> bool:
         return False
     server = _pgserver().get_server(directory, cleanup_mode=None)
     _pg_ctl(["-w", "-t", str(PG_CTL_WAIT_SECONDS), "-m", "fast", "stop"], server)
+    # pgserver keeps one handle per data directory and process, and would hand the stopped
+    # server back to this process's next start: let go of it (with no cleanup mode,
+    # ``cleanup`` only forgets the handle; the server is already stopped).
+    server.cleanup()
     return True
