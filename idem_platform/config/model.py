@@ -14,11 +14,14 @@ from idem_platform.config.effects import EffectConfig, check_effects
 from idem_platform.config.spark import SparkConfig
 from idem_platform.config.tables import TableConfig
 from idem_platform.contract.catalog import (
+    CURRENT_SUFFIX,
     MAX_IDENTIFIER_BYTES,
     RESERVED_TABLE_NAMES,
+    STATE_SUFFIX,
     Column,
     ColumnType,
     TableSpec,
+    upsert_relations,
 )
 from idem_platform.contract.keys import NAME_PATTERN
 from idem_platform.contract.otlp_logs import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
@@ -101,6 +104,22 @@ class IdemConfig(ConfigModel):
                     f"record type {name!r} is the name of one of idem's own tables in schema idem "
                     f"({', '.join(sorted(RESERVED_TABLE_NAMES))}): pick another"
                 )
+        for name, table in value.items():
+            if table.mode != "upsert":
+                continue
+            for derived in upsert_relations(name):
+                if len(derived) > MAX_IDENTIFIER_BYTES:
+                    raise ValueError(
+                        f"record type {name!r}: its upsert table's {derived!r} is longer than PostgreSQL's "
+                        f"{MAX_IDENTIFIER_BYTES}-byte names; pick a name of at most "
+                        f"{MAX_IDENTIFIER_BYTES - len(CURRENT_SUFFIX)} characters"
+                    )
+                if derived in value or derived in RESERVED_TABLE_NAMES:
+                    raise ValueError(
+                        f"record types {name!r} (mode: upsert) and {derived!r} would share the table "
+                        f"idem.{derived} (the current state of {name!r} lives in idem.{name}{STATE_SUFFIX} "
+                        f"and idem.{name}{CURRENT_SUFFIX}): rename one"
+                    )
         return value
 
     @field_validator("effects")
@@ -210,18 +229,22 @@ class IdemConfig(ConfigModel):
 
     @cached_property
     def table_specs(self) -> dict[str, TableSpec]:
-        """The declared tables as catalog specs."""
-        return {
-            name: TableSpec(
+        """The declared tables as catalog specs. An upsert table's order and identity
+        columns are required: a record without them is a reject (rules ``order``, ``identity``)."""
+        specs = {}
+        for name, table in self.tables.items():
+            upsert = table.upsert_spec()
+            rules = {} if upsert is None else {**dict.fromkeys(upsert.identity, "identity"), upsert.order_by: "order"}
+            specs[name] = TableSpec(
                 name,
                 table.schema_version,
                 tuple(
-                    Column(col, ColumnType.parse(cfg.type), cfg.required)
+                    Column(col, ColumnType.parse(cfg.type), cfg.required or col in rules, rule=rules.get(col, "required"))
                     for col, cfg in table.columns.items()
                 ),
+                upsert=upsert,
             )
-            for name, table in self.tables.items()
-        }
+        return specs
 
     def connector(self, name: str) -> ConnectorConfig:
         """The connector called ``name``: as written in ``idem.yaml`` or as Dagster spells it

@@ -10,6 +10,7 @@ from psycopg import sql
 
 from idem_platform.effects.outbox import write_outbox
 from idem_platform.faults import checkpoint
+from idem_platform.postgres.current import CurrentCounts, fold_commit
 from idem_platform.postgres.schema import SCHEMA
 from idem_platform.postgres.tables import effective_spec, existing_columns, record_catalog
 from idem_platform.write.apply.attempts import StagedAttempt, accepted_attempts, accepted_tables
@@ -216,18 +217,22 @@ class ApplyTransaction:
                 self._begin()
             raise too_many_rejects(self.conn, plan, chosen, rejected, total)
         self._apply_rest_conflict_safe(chosen)
+        current = self._fold_current(staged)
         checkpoint("before_apply")
         with lock_wait(plan, "the source's committed offsets"):
             moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
         rows_rejected = record_rejects(self.conn, plan, chosen, rejected)
         rows_written = sum(self.inserts.written.values())
         idempotent_skips = sum(staged.values()) - rows_written
+        tables = self.inserts.tables(chosen, staged)
+        for record_type, counts in current.items():
+            tables.setdefault(record_type, {}).update(counts.as_dict())
         result = applied_result(
             plan,
             rows_written=rows_written,
             idempotent_skips=idempotent_skips,
             rows_rejected=rows_rejected,
-            tables=self.inserts.tables(chosen, staged),
+            tables=tables,
             timings=self._timings(),
             units=self._unit_counts(chosen, (rows_written, idempotent_skips, rows_rejected)),
         )
@@ -238,6 +243,23 @@ class ApplyTransaction:
             self.conn, plan, result, counts=(rows_written, idempotent_skips, rows_rejected), valid_through=valid_through
         )
         return self._commit(chosen, result)
+
+    def _fold_current(self, staged: dict[str, int]) -> dict[str, CurrentCounts]:
+        """Fold the versions this commit wrote into each upsert table's current state, in
+        this transaction (after every history insert: the batch's greatest version per
+        identity is known), by record type in name order (the one lock order: a history
+        table, then its state). Upsert tables this batch staged rows of only."""
+        folded = {}
+        for record_type in sorted(self.plan.tables):
+            spec = self.plan.tables[record_type]
+            if spec.upsert is None or not staged.get(record_type):
+                continue
+            written = self.inserts.written[record_type]
+            with lock_wait(self.plan, f"the current state of idem.{record_type}"):
+                folded[record_type] = (
+                    fold_commit(self.conn, spec, self.plan.commit_id, written) if written else CurrentCounts()
+                )
+        return folded
 
     def _unit_counts(self, chosen: list[StagedAttempt], totals: tuple[int, int, int]) -> list[dict[str, Any]] | None:
         """Each unit's rows written, skipped and rejected (see :mod:`~idem_platform.write.apply.units`),
