@@ -136,12 +136,35 @@ def test_newer_versions_replace_older_ones_and_every_version_stays_in_history(
     assert (counts["written"], counts["skipped"]) == (2, 1)
     assert (counts["inserted"], counts["updated"], counts["deleted"], counts["stale"]) == (0, 1, 0, 1)
     assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 30, "b": 50}
+    logged = rows(pg_url, "SELECT event_type, count FROM idem.execution_log WHERE commit_id = %s ORDER BY 1", second["commit_id"])
+    assert logged == [("idempotent_skip", 1), ("upsert_stale", 1), ("upsert_updated", 1), ("written", 2)]
     assert rows(pg_url, "SELECT count(*) FROM idem.indicator") == [(5,)]
     # idem read's plan: the current state by default, every version with --history
     plan, _ = plan_read(pg_url, config, "indicator", ordered=True, current=True)
     assert sorted(json.loads(line)["confidence"] for line in lines_in_process(plan) if line) == [30, 50]
     plan, _ = plan_read(pg_url, config, "indicator", ordered=True)
     assert len([line for line in lines_in_process(plan) if line]) == 5
+
+
+def test_idem_read_prints_the_current_state_and_the_history_with_its_flag(
+    pg_url: str, tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from idem_platform.cli import main
+
+    config = config_at(tmp_path, pg_url)
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
+        {"id": "a", "version": 1, "confidence": 1}, {"id": "a", "version": 2, "confidence": 2},
+        {"id": "b", "version": 1, "op": "d"},
+    ])
+    monkeypatch.setenv("IDEM_POSTGRES_URL", pg_url)
+    monkeypatch.setenv("IDEM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    capsys.readouterr()
+    assert main(["--config", str(config.source), "read", "indicator"]) == 0
+    out = capsys.readouterr().out
+    assert [(r["_external_id"], r["confidence"]) for r in map(json.loads, out.splitlines())] == [("a", 2)]
+    assert main(["--config", str(config.source), "read", "indicator", "--history"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
 
 
 def test_a_delete_before_its_insert_and_an_older_version_after_a_delete(
@@ -249,3 +272,55 @@ def test_any_split_order_and_replay_gives_the_fold_of_the_history(
         ingest_records(pg_url, config, spark, "feed", f"{index}.ndjson", placed[index] or [{"id": "z", "version": 1}])
     expected = folded(events + ([{"id": "z", "version": 1}] if not all(placed) else []))
     assert current(pg_url) == expected
+
+
+# --- Kafka: the same commit path ---------------------------------------------------------------
+
+FILE_AND_KAFKA = """
+connectors:
+  - name: feed
+    kind: filedrop
+    path: drop
+    record_type: indicator
+  - name: events
+    kind: kafka
+    bootstrap_servers: {bootstrap}
+    topics: [{topic}]
+    record_type: indicator
+    key_namespace: feed
+tables:
+  indicator:
+    mode: upsert
+    order_by: version
+    delete_when: {{field: op, equals: d}}
+    columns:
+      version: long
+      confidence: int
+"""
+
+
+def test_a_kafka_topic_and_a_file_drop_share_one_current_state(
+    pg_url: str, tmp_path: Path, spark: Any, kafka_broker: Any, topic: str
+) -> None:
+    from idem_platform_tests.helpers.kafka import ingest as ingest_kafka
+    from idem_platform_tests.helpers.kafka_broker import create_topic, produce
+
+    config = config_at(tmp_path, pg_url, FILE_AND_KAFKA.format(bootstrap=kafka_broker.bootstrap, topic=topic))
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
+        {"id": "a", "version": 2, "confidence": 2}, {"id": "b", "version": 1, "confidence": 1},
+    ])
+    create_topic(kafka_broker.bootstrap, topic, 2)
+    messages = [
+        {"id": "a", "version": 1, "confidence": 1},  # older than the file's: history only
+        {"id": "a", "version": 2, "confidence": 2},  # the file's record: skipped (same key namespace)
+        {"id": "b", "version": 3, "op": "d"},
+        {"id": "c", "version": 1, "confidence": 7},
+    ]
+    produce(kafka_broker.bootstrap, topic, [(i % 2, None, json.dumps(m).encode(), None) for i, m in enumerate(messages)])
+    summary = ingest_kafka(pg_url, config, spark)
+    counts = summary["tables"]["indicator"]
+    assert [counts[k] for k in ("written", "skipped", "inserted", "updated", "deleted", "stale")] == [3, 1, 1, 0, 1, 1]
+    assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 2, "c": 7}
+    again = ingest_kafka(pg_url, config, spark)  # nothing new on the topic
+    assert again["rows_written"] == 0
+    assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 2, "c": 7}
