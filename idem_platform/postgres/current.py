@@ -208,9 +208,8 @@ def fold(
     order = sql.SQL("h.{}").format(sql.Identifier(upsert.order_by))
     deleted: sql.Composable = sql.SQL("false")
     if upsert.delete_field is not None:
-        deleted = sql.SQL("coalesce(h._payload -> {} = {}::jsonb, false)").format(
-            sql.Literal(upsert.delete_field), sql.Literal(upsert.delete_equals)
-        )
+        # Parameters, not literals: a value may hold '%', which a literal would make a placeholder.
+        deleted = sql.SQL("coalesce(h._payload -> %(delete_field)s::text = %(delete_equals)s::jsonb, false)")
     not_null = sql.SQL(" AND ").join(
         sql.SQL("h.{} IS NOT NULL").format(sql.Identifier(n)) for n in (*upsert.identity, upsert.order_by)
     )
@@ -234,6 +233,7 @@ def fold(
         not_null=not_null,
     )
     inserted = updated = deleted_count = 0
+    params = {**params, "delete_field": upsert.delete_field, "delete_equals": upsert.delete_equals}
     for fresh, is_deleted in conn.execute(statement, params).fetchall():
         if is_deleted:
             deleted_count += 1

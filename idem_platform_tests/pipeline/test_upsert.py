@@ -185,6 +185,36 @@ def test_a_delete_before_its_insert_and_an_older_version_after_a_delete(
     assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 60}
 
 
+def test_a_delete_marker_may_hold_any_text_and_equals_compares_json_values(
+    pg_url: str, tmp_path: Path, spark: Any
+) -> None:
+    config = config_at(tmp_path, pg_url, UPSERT.replace("{field: op, equals: d}", "{field: op, equals: '100%(x)s'}"))
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
+        {"id": "a", "version": 1, "op": "100%(x)s"}, {"id": "b", "version": 1, "op": 100}, {"id": "c", "version": 1},
+    ])
+    assert sorted(current(pg_url)) == ["b", "c"]
+    config = config_at(tmp_path, pg_url, UPSERT.replace("{field: op, equals: d}", "{field: gone, equals: 1}"))
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
+        {"id": "a", "version": 1, "gone": 1.0}, {"id": "b", "version": 1, "gone": True}, {"id": "c", "version": 1, "gone": "1"},
+    ])
+    assert sorted(current(pg_url)) == ["b", "c"]
+
+
+def test_a_delete_needs_its_identity_and_order_but_not_the_other_required_columns(
+    pg_url: str, tmp_path: Path, spark: Any
+) -> None:
+    config = config_at(tmp_path, pg_url, UPSERT.replace("confidence: int", "confidence: {type: int, required: true}"))
+    summary = ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
+        {"id": "a", "version": 1, "confidence": 1},
+        {"id": "a", "version": 2, "op": "d"},  # a delete: no confidence needed
+        {"id": "b", "version": 1},  # not a delete: confidence is required
+        {"id": "c", "op": "d"},  # a delete still needs its order
+    ])
+    assert (summary["rows_written"], summary["rows_rejected"]) == (2, 2)
+    assert [r[0][0]["rule"] for r in rows(pg_url, "SELECT reasons FROM idem.rejects ORDER BY line")] == ["required", "order"]
+    assert current(pg_url) == {}
+
+
 def test_order_compares_timestamps_as_instants_and_a_missing_order_is_a_reject(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
