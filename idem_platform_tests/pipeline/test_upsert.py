@@ -265,6 +265,11 @@ def test_switching_an_append_table_to_upsert_builds_its_state_from_the_history(
     with connect(pg_url, autocommit=True) as conn:
         sync_tables(conn, config.table_specs)
     assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 2}
+    config = write_config(tmp_path, UPSERT.replace("{field: op, equals: d}", "{field: confidence, equals: 2}"))
+    with connect(pg_url, autocommit=True) as conn:  # another delete rule: the state is rebuilt
+        sync_tables(conn, config.table_specs)
+    assert current(pg_url) == {}
+    assert rows(pg_url, "SELECT _external_id, _deleted FROM idem.indicator_state") == [("a", True)]
     config = write_config(tmp_path, append)  # back to append: the derived state goes
     with connect(pg_url, autocommit=True) as conn:
         sync_tables(conn, config.table_specs)
