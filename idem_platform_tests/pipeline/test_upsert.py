@@ -359,3 +359,30 @@ def test_a_kafka_topic_and_a_file_drop_share_one_current_state(
     again = ingest_kafka(pg_url, config, spark)  # nothing new on the topic
     assert again["rows_written"] == 0
     assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 2, "c": 7}
+
+
+# --- a crash inside the commit ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_kill_after_the_fold_before_commit_changes_nothing_and_the_rerun_folds_once(
+    pg_url: str, tmp_path: Path, spark: Any
+) -> None:
+    from idem_platform.samples import write_lines
+    from idem_platform_tests.helpers.cli import cli_env, idem_command
+    from idem_platform_tests.helpers.faults import kill_at_fault
+
+    config = config_at(tmp_path, pg_url)
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [{"id": "a", "version": 2, "confidence": 2}])
+    second = [{"id": "a", "version": 3, "confidence": 3}, {"id": "a", "version": 1, "confidence": 1}, {"id": "b", "version": 1, "op": "d"}]
+    assert config.connector("feed").path is not None
+    path = write_lines(config.connector("feed").path / "2.ndjson", [json.dumps(r) for r in second])  # type: ignore[operator]
+    marker = tmp_path / "before_apply.pid"
+    env = cli_env(pg_url, tmp_path, config, f"before_apply:pause:{marker}")
+    kill_at_fault(idem_command("ingest", "--connector", "feed", str(path)), env, marker)
+    assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 2}  # the fold died with its transaction
+    assert rows(pg_url, "SELECT count(*) FROM idem.indicator_state") == [(1,)]
+    rerun = ingest_records(pg_url, config, spark, "feed", "2.ndjson", second)
+    counts = rerun["tables"]["indicator"]
+    assert [counts[k] for k in ("inserted", "updated", "deleted", "stale")] == [0, 1, 1, 1]
+    assert current(pg_url) == folded([{"id": "a", "version": 2, "confidence": 2}, *second])
