@@ -139,6 +139,14 @@ def sync_current(conn: psycopg.Connection, spec: TableSpec) -> None:
         return
     if recorded is not None:
         _drop(conn, spec.record_type)
+    for name in upsert_relations(spec.record_type):
+        taken = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [_ident(name).as_string(conn)]).fetchone()
+        if taken and taken[0]:
+            raise ConfigError(
+                f"idem.{name} exists and is not idem's current state of {spec.record_type!r} (mode: upsert needs "
+                "that name): rename or drop it",
+                key=f"tables.{spec.record_type}.mode",
+            )
     _create_state(conn, spec, spec.upsert, wanted)
     fold(conn, spec, sql.SQL("TRUE"), {})
     refresh_current_view(conn, spec.record_type)

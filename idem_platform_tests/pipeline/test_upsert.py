@@ -113,6 +113,15 @@ def test_append_stays_the_default() -> None:
     assert config.tables["indicator"].mode == "append" and config.table_specs["indicator"].upsert is None
 
 
+def test_a_table_of_the_state_tables_name_that_is_not_idems_is_refused(pg_url: str, tmp_path: Path) -> None:
+    reset_database(pg_url)
+    with connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE idem.indicator_current (x int)")
+    config = write_config(tmp_path, UPSERT)
+    with connect(pg_url, autocommit=True) as conn, pytest.raises(ConfigError, match="idem.indicator_current exists and is not"):
+        sync_tables(conn, config.table_specs)
+
+
 # --- end to end ------------------------------------------------------------------------------
 
 
