@@ -136,6 +136,7 @@ def test_newer_versions_replace_older_ones_and_every_version_stays_in_history(
     ])
     counts = first["tables"]["indicator"]
     assert [counts[k] for k in ("written", "inserted", "updated", "deleted", "stale")] == [3, 2, 0, 0, 1]
+    assert first["timings"]["current_state_seconds"] >= 0
     second = ingest_records(pg_url, config, spark, "feed", "2.ndjson", [
         {"id": "a", "version": 3, "confidence": 30},  # newer: replaces
         {"id": "b", "version": 4, "confidence": 40},  # older, later batch: history only

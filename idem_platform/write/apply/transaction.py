@@ -70,6 +70,7 @@ class ApplyTransaction:
         self.conflict: str | None = None  # what ended streaming, for the result's timings
         self.insert_seconds = 0.0
         self.lock_seconds = 0.0
+        self.fold_seconds: float | None = None  # upsert tables' current state, when the batch has any
         self._transaction: Any = None
         self.inserts = TableInserts(conn, plan)
         self.leftovers = False  # committed, but its staging tables could not be dropped on conn
@@ -250,6 +251,7 @@ class ApplyTransaction:
         identity is known), by record type in name order (the one lock order: a history
         table, then its state). Upsert tables this batch staged rows of only."""
         folded = {}
+        started = time.monotonic()
         for record_type in sorted(self.plan.tables):
             spec = self.plan.tables[record_type]
             if spec.upsert is None or not staged.get(record_type):
@@ -259,6 +261,8 @@ class ApplyTransaction:
                 folded[record_type] = (
                     fold_commit(self.conn, spec, self.plan.commit_id, written) if written else CurrentCounts()
                 )
+        if folded:
+            self.fold_seconds = time.monotonic() - started
         return folded
 
     def _unit_counts(self, chosen: list[StagedAttempt], totals: tuple[int, int, int]) -> list[dict[str, Any]] | None:
@@ -280,6 +284,8 @@ class ApplyTransaction:
             "lock_wait_seconds": round(self.lock_seconds, 3),
             "insert_seconds": round(self.insert_seconds, 3),
         }
+        if self.fold_seconds is not None:
+            timings["current_state_seconds"] = round(self.fold_seconds, 3)
         if self.conflict:
             timings["streaming_stopped"] = self.conflict
         return timings
