@@ -319,6 +319,41 @@ def test_any_split_order_and_replay_gives_the_fold_of_the_history(
     assert current(pg_url) == expected
 
 
+def test_two_commits_at_once_into_one_current_state_give_the_fold(pg_url: str, tmp_path: Path, spark: Any) -> None:
+    import threading
+
+    from idem_platform.pipeline import commit as run
+    from idem_platform.pipeline import ingest as pipeline
+    from idem_platform.samples import write_lines
+
+    config = config_at(tmp_path, pg_url)
+    connector = config.connector("feed")
+    assert connector.path is not None
+    files = {
+        "old.ndjson": [{"id": f"i{n}", "version": 1 + 2 * (n % 2), "confidence": 1} for n in range(500)],
+        "new.ndjson": [{"id": f"i{n}", "version": 2, "confidence": 2} for n in range(500)],
+    }
+    paths = [write_lines(connector.path / name, [json.dumps(r) for r in records]) for name, records in files.items()]
+    tables = pipeline.current_tables(pg_url, config, connector)
+    failures: list[BaseException] = []
+
+    def commit(path: Path) -> None:
+        try:
+            batch = pipeline.plan_batch(pg_url, connector, [path])
+            request = run.CommitRequest(url=pg_url, connector=connector, run_id=path.name)
+            run.commit_batch(request, pipeline.CoercedBatch(batch, connector, tables), lambda: spark)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(path,)) for path in paths]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    assert current(pg_url) == folded([r for records in files.values() for r in records])
+
+
 # --- Kafka: the same commit path ---------------------------------------------------------------
 
 FILE_AND_KAFKA = """
