@@ -100,6 +100,12 @@ def human_summary(summary: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     table = [f"  {r[0].ljust(widths[0])}  {r[1].rjust(widths[1])}  {r[2].rjust(widths[2])}" for r in rows]
     lines = [f"committed {summary.get('commit_id')} in {seconds:.1f} s", *table]
+    for record_type, counts in sorted((summary.get("tables") or {}).items()):
+        if "inserted" in counts:  # an upsert table: what its current state became
+            lines.append(
+                f"  {qualified_table_name(record_type)}_current: {counts['inserted']:,} inserted, {counts.get('updated', 0):,} updated, "
+                f"{counts.get('deleted', 0):,} deleted, {counts.get('stale', 0):,} stale (history only)"
+            )
     if summary.get("replay_skipped"):
         committed = ", ".join(str(u) for u in summary.get("already_committed") or [])
         lines.append(f"  {summary['replay_skipped']:,} of the skipped are records of files committed before: {committed}")

@@ -34,11 +34,16 @@ def known_record_type(config: IdemConfig, record_type: str) -> str:
 @click.option("--commit", type=COMMIT_ID, help="only rows of this commit id")
 @click.option("--limit", type=AT_LEAST_ONE, help="the first N rows by (_ingested_at, _idempotency_key)")
 @click.option(
+    "--history", is_flag=True,
+    help="of a mode: upsert table, every version (idem.TYPE) instead of the current state (idem.TYPE_current)",
+)
+@click.option(
     "--skip-failed-migrations", is_flag=True,
     help="leave out (and count) rows whose migration to the current schema_version fails, instead of failing",
 )
-def read(record_type: str, commit: str | None, limit: int | None, skip_failed_migrations: bool) -> None:
-    """Print a record type's rows as NDJSON.
+def read(record_type: str, commit: str | None, limit: int | None, history: bool, skip_failed_migrations: bool) -> None:
+    """Print a record type's rows as NDJSON (of a mode: upsert table, its current state:
+    one row per identity; --history: every version).
 
     Rows stored at an older schema_version are upgraded through the migrations on the
     way. Last, on stderr, one JSON line: the rows printed, and, when some rows were
@@ -52,7 +57,8 @@ def read(record_type: str, commit: str | None, limit: int | None, skip_failed_mi
     config.chains()  # a broken chain is a one-line error before Spark starts
     url = prepare_environment()
     skip = skip_failed_migrations
-    plan, counts = plan_read(url, config, record_type, commit_id=commit, limit=limit, ordered=True)
+    current = not history
+    plan, counts = plan_read(url, config, record_type, commit_id=commit, limit=limit, ordered=True, current=current)
     if all(version == plan.current_version for version in counts):
         from idem_platform.read.render import lines_in_process
         from idem_platform.read.upgrade import KEEP, RAISE
@@ -61,7 +67,7 @@ def read(record_type: str, commit: str | None, limit: int | None, skip_failed_mi
         lines = lines_in_process(plan, KEEP if skip else RAISE)
         current_version, old_rows = plan.current_version, 0
     else:
-        lines, current_version, counts = spark_lines(config, url, record_type, commit, limit, skip)
+        lines, current_version, counts = spark_lines(config, url, record_type, commit, limit, skip, current=current)
         old_rows = sum(n for version, n in counts.items() if version != current_version)
     count = skipped = 0
     for line in lines:
@@ -80,7 +86,8 @@ def read(record_type: str, commit: str | None, limit: int | None, skip_failed_mi
 
 
 def spark_lines(
-    config: IdemConfig, url: str, record_type: str, commit: str | None, limit: int | None, skip: bool
+    config: IdemConfig, url: str, record_type: str, commit: str | None, limit: int | None, skip: bool,
+    *, current: bool = False,
 ) -> tuple[Iterator[str | None], int, dict[int, int]]:
     """A read with old rows, in Spark (their migrations run on the executors): its lines, the
     current version and the rows per stored version."""
@@ -90,5 +97,6 @@ def spark_lines(
 
     check_cluster_reach(config.spark_master(), url)
     spark = build_session(spark_config_for(config.spark_master(), dict(config.spark.conf)))
-    rows = read_table(spark, url, config, record_type, commit_id=commit, limit=limit, skip_failed=skip, ordered=True)
+    rows = read_table(spark, url, config, record_type, commit_id=commit, limit=limit, skip_failed=skip, ordered=True,
+                      current=current)
     return read_lines(rows, skip_failed=skip), rows.current_version, rows.rows_by_version

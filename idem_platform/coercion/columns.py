@@ -90,6 +90,12 @@ def _exact(column: Column, values: list[Any]) -> tuple[pa.Array, ColumnErrors]:
     return pa.array(out, type=column.type.arrow), errors
 
 
+def _required(column: Column, problem: str) -> str:
+    """The reject message of a null or missing required value, naming what needs it."""
+    need = {"order": " (the order_by of an upsert table)", "identity": " (the identity of an upsert table)"}
+    return f"field '{column.name}': {problem}{need.get(column.rule, '')}"
+
+
 def convert_column(
     column: Column, values: list[Any], present: list[bool] | None = None, *, dynamic_values: bool = True
 ) -> tuple[pa.Array, ColumnErrors]:
@@ -123,7 +129,7 @@ def convert_column(
         name = column.name
         for index in np.flatnonzero(np.fromiter((v is None for v in values), dtype=bool, count=len(values))):
             problem = "required but null" if present is not None and present[index] else "required but missing"
-            errors.append((int(index), {"field": name, "rule": "required", "message": f"field '{name}': {problem}"}))
+            errors.append((int(index), {"field": name, "rule": column.rule, "message": _required(column, problem)}))
         errors.sort(key=lambda item: item[0])
     return array, errors
 

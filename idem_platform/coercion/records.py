@@ -145,6 +145,19 @@ def _raw_text(raw: bytes, length: int) -> str:
     return text.replace("\x00", "\\x00")
 
 
+_MISSING = object()
+
+
+def json_equal(value: Any, equals: Any) -> bool:
+    """Whether two JSON values are equal as PostgreSQL's ``jsonb`` compares them: numbers by
+    value (``1`` equals ``1.0``), a boolean only to a boolean, a string only to a string."""
+    if isinstance(value, bool) or isinstance(equals, bool):
+        return isinstance(value, bool) and isinstance(equals, bool) and value is equals
+    if isinstance(value, (int, float)) and isinstance(equals, (int, float)):
+        return value == equals
+    return type(value) is type(equals) and value == equals
+
+
 class _TableRows:
     """The records routed to one record type in a batch, converted column by column at the end."""
 
@@ -174,9 +187,26 @@ class _TableRows:
             arrays.append(array)
             for index, error in column_errors:
                 errors.setdefault(index, []).append(error)
+        self._waive_required_of_deletes(errors)
         for index, unknown in self.unknown.items():  # after the row's column errors
             errors.setdefault(index, []).extend(unknown)
         return arrays, errors
+
+    def _waive_required_of_deletes(self, errors: dict[int, list[dict[str, Any]]]) -> None:
+        """A delete of an upsert table (``delete_when``) needs its identity and order, not
+        the other required columns: a change feed's delete carries little more than its key."""
+        upsert = self.spec.upsert
+        if upsert is None or upsert.delete_field is None or upsert.delete_equals is None or not errors:
+            return
+        equals = json.loads(upsert.delete_equals)
+        for index in list(errors):
+            if not json_equal(self.records[index].get(upsert.delete_field, _MISSING), equals):
+                continue
+            kept = [e for e in errors[index] if e.get("rule") != "required"]
+            if kept:
+                errors[index] = kept
+            else:
+                del errors[index]
 
 
 def _struct(spec: TableSpec, arrays: list[pa.Array], rows: list[int], length: int, *, spark: bool) -> pa.Array:

@@ -14,12 +14,14 @@ from idem_platform.config.effects import EffectConfig, check_effects
 from idem_platform.config.spark import SparkConfig
 from idem_platform.config.tables import TableConfig
 from idem_platform.contract.catalog import (
+    CURRENT_SUFFIX,
     MAX_IDENTIFIER_BYTES,
     RESERVED_TABLE_NAMES,
     Column,
     ColumnType,
     TableSpec,
     table_name,
+    upsert_relations,
 )
 from idem_platform.contract.keys import NAME_PATTERN
 from idem_platform.contract.otlp_logs import DEFAULT_LOG_RECORD_TYPE, LOG_COLUMNS
@@ -111,6 +113,23 @@ class IdemConfig(ConfigModel):
                     f"record types {other!r} and {name!r} would share the table idem.{table_name(name)} "
                     "(a table name spells '-' as '_'): rename one of them"
                 )
+        for name, table in value.items():
+            if table.mode != "upsert":
+                continue
+            for derived in upsert_relations(name):
+                if len(derived) > MAX_IDENTIFIER_BYTES:
+                    raise ValueError(
+                        f"record type {name!r}: its upsert table's {derived!r} is longer than PostgreSQL's "
+                        f"{MAX_IDENTIFIER_BYTES}-byte names; pick a name of at most "
+                        f"{MAX_IDENTIFIER_BYTES - len(CURRENT_SUFFIX)} characters"
+                    )
+                if derived in tables or derived in RESERVED_TABLE_NAMES:
+                    state, current = upsert_relations(name)
+                    raise ValueError(
+                        f"record types {name!r} (mode: upsert) and {tables.get(derived, derived)!r} would share "
+                        f"the table idem.{derived} (the current state of {name!r} lives in idem.{state} "
+                        f"and idem.{current}): rename one"
+                    )
         return value
 
     @field_validator("effects")
@@ -220,18 +239,22 @@ class IdemConfig(ConfigModel):
 
     @cached_property
     def table_specs(self) -> dict[str, TableSpec]:
-        """The declared tables as catalog specs."""
-        return {
-            name: TableSpec(
+        """The declared tables as catalog specs. An upsert table's order and identity
+        columns are required: a record without them is a reject (rules ``order``, ``identity``)."""
+        specs = {}
+        for name, table in self.tables.items():
+            upsert = table.upsert_spec()
+            rules = {} if upsert is None else {**dict.fromkeys(upsert.identity, "identity"), upsert.order_by: "order"}
+            specs[name] = TableSpec(
                 name,
                 table.schema_version,
                 tuple(
-                    Column(col, ColumnType.parse(cfg.type), cfg.required)
+                    Column(col, ColumnType.parse(cfg.type), cfg.required or col in rules, rule=rules.get(col, "required"))
                     for col, cfg in table.columns.items()
                 ),
+                upsert=upsert,
             )
-            for name, table in self.tables.items()
-        }
+        return specs
 
     def connector(self, name: str) -> ConnectorConfig:
         """The connector called ``name``: as written in ``idem.yaml`` or as Dagster spells it

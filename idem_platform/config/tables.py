@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import (
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from idem_platform.config.common import CONTRACT_HELP, ConfigModel, SchemaContract
-from idem_platform.contract.catalog import POSTGRES_SYSTEM_COLUMNS, ColumnType, is_safe_column_name
+from idem_platform.contract.catalog import (
+    EXTERNAL_ID,
+    IDENTITY_KINDS,
+    POSTGRES_SYSTEM_COLUMNS,
+    UPSERT_ORDER_KINDS,
+    ColumnType,
+    UpsertSpec,
+    is_safe_column_name,
+)
 
 
 class ColumnConfig(ConfigModel):
@@ -23,6 +40,14 @@ class ColumnConfig(ConfigModel):
         return value
 
 
+class DeleteWhen(ConfigModel):
+    """``delete_when: {field: op, equals: d}``: a record whose top-level ``field`` equals
+    ``equals`` (as JSON values: ``1`` equals ``1.0``, ``"1"`` does not) deletes its identity."""
+
+    field: StrictStr = Field(min_length=1)
+    equals: StrictBool | StrictInt | StrictFloat | StrictStr
+
+
 class TableConfig(ConfigModel):
     """A record type's table (``idem.<record_type>``)."""
 
@@ -31,6 +56,18 @@ class TableConfig(ConfigModel):
     schema_contract: SchemaContract | None = Field(
         None, description=f"{CONTRACT_HELP} Wins over the connector's; default: the connector's."
     )
+    mode: Literal["append", "upsert"] = Field(
+        "append",
+        description="append: every version in idem.<type>; upsert: also the current row per identity "
+        "(idem.<type>_current).",
+    )
+    identity: list[str] | None = Field(
+        None, description="upsert: the columns naming an identity; default: the connector's id field."
+    )
+    order_by: str | None = Field(
+        None, description="upsert: the column (int, long, real or timestamp) whose greatest value is current."
+    )
+    delete_when: DeleteWhen | None = Field(None, description="upsert: the records that delete their identity.")
 
     @field_validator("columns", mode="before")
     @classmethod
@@ -50,3 +87,49 @@ class TableConfig(ConfigModel):
                     f"({', '.join(sorted(POSTGRES_SYSTEM_COLUMNS))})"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _upsert_keys(self) -> TableConfig:
+        """An upsert table names its order (a number or timestamp column) and its identity
+        (declared scalar columns, or the id field); the upsert keys mean nothing in append mode."""
+        if self.mode == "append":
+            given = [k for k in ("identity", "order_by", "delete_when") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for mode: upsert tables")
+            return self
+        if self.order_by is None:
+            raise ValueError(
+                "mode: upsert needs order_by: the column whose greatest value makes a version current "
+                f"(one of {', '.join(UPSERT_ORDER_KINDS)})"
+            )
+        order = self.columns.get(self.order_by)
+        if order is None or ColumnType.parse(order.type).kind not in UPSERT_ORDER_KINDS:
+            raise ValueError(
+                f"order_by {self.order_by!r} must be a declared column of type "
+                f"{', '.join(UPSERT_ORDER_KINDS)} (versions are compared by its value)"
+            )
+        if self.identity is not None:
+            if not self.identity or len(set(self.identity)) != len(self.identity):
+                raise ValueError("identity must list one or more distinct columns")
+            for name in self.identity:
+                column = self.columns.get(name)
+                if column is None or ColumnType.parse(column.type).kind not in IDENTITY_KINDS:
+                    raise ValueError(
+                        f"identity column {name!r} must be a declared column of type {', '.join(IDENTITY_KINDS)} "
+                        "(leave identity out to use the connector's id field)"
+                    )
+                if name == self.order_by:
+                    raise ValueError(f"{name!r} cannot be both the identity and the order_by")
+        return self
+
+    def upsert_spec(self) -> UpsertSpec | None:
+        """The catalog's view of the upsert keys; ``None`` for an append table."""
+        if self.mode != "upsert" or self.order_by is None:
+            return None
+        delete = self.delete_when
+        return UpsertSpec(
+            identity=tuple(self.identity) if self.identity else (EXTERNAL_ID,),
+            order_by=self.order_by,
+            delete_field=delete.field if delete is not None else None,
+            delete_equals=json.dumps(delete.equals) if delete is not None else None,
+        )

@@ -109,6 +109,9 @@ class Column:
     # ``idem retype``: a text column with a typed companion column (see
     # :func:`typed_column_name`) that the commit fills beside it; ``None`` when not retyped.
     retyped: ColumnType | None = None
+    # The reject rule of a null or missing value of a required column: ``required`` when
+    # declared so, ``order`` or ``identity`` for what an upsert table needs of every record.
+    rule: str = "required"
 
     @property
     def typed_column(self) -> str | None:
@@ -138,6 +141,30 @@ def commit_index_name(table: str) -> str:
     return f"{table[:40]}_{hashlib.sha256(table.encode()).hexdigest()[:12]}_commit_id"
 
 
+# The identity of an upsert table that names no fields: the record's external id (the
+# connector's id field), as its record key holds it.
+EXTERNAL_ID = "_external_id"
+UPSERT_ORDER_KINDS = ("int", "long", "real", "timestamp")
+IDENTITY_KINDS = ("bool", "int", "long", "string", "timestamp")
+
+
+@dataclass(frozen=True)
+class UpsertSpec:
+    """What makes a table an upsert table (``mode: upsert``): one current row per identity.
+
+    Attributes:
+        identity: the columns naming an identity (``(EXTERNAL_ID,)``: the record's id).
+        order_by: the column whose value orders an identity's versions (a number or a timestamp).
+        delete_field, delete_equals: a record whose ``delete_field`` equals ``delete_equals``
+            (JSON text of the value) marks its identity deleted; ``None``: no deletes.
+    """
+
+    identity: tuple[str, ...]
+    order_by: str
+    delete_field: str | None = None
+    delete_equals: str | None = None
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """A record type: its table ``idem.<table_name(record_type)>``, schema version and columns."""
@@ -145,6 +172,7 @@ class TableSpec:
     record_type: str
     schema_version: int
     columns: tuple[Column, ...] = field(default_factory=tuple)
+    upsert: UpsertSpec | None = None  # ``mode: upsert``: its state table and current view beside it
 
     def column_names(self) -> tuple[str, ...]:
         return tuple(column.name for column in self.columns)
@@ -153,7 +181,7 @@ class TableSpec:
         """This spec plus nullable string columns added by earlier evolution."""
         known = set(self.column_names())
         extra = tuple(Column(n, STRING, evolved=True) for n in names if n not in known)
-        return TableSpec(self.record_type, self.schema_version, self.columns + extra)
+        return dataclasses.replace(self, columns=self.columns + extra)
 
     def with_retypes(self, retyped: dict[str, ColumnType]) -> TableSpec:
         """This spec with ``retyped`` (text column -> target type) marked on its columns."""
@@ -162,7 +190,7 @@ class TableSpec:
         columns = tuple(
             dataclasses.replace(c, retyped=retyped[c.name]) if c.name in retyped else c for c in self.columns
         )
-        return TableSpec(self.record_type, self.schema_version, columns)
+        return dataclasses.replace(self, columns=columns)
 
     def retyped_columns(self) -> tuple[Column, ...]:
         """The text columns that have a typed companion column."""
@@ -200,6 +228,17 @@ RESERVED_TABLE_NAMES = frozenset(
     {"ingest_ledger", "commits", "source_offsets", "rejects", "execution_log", "catalog", "schema_migrations", "outbox"}
 )
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are silently truncated
+# An upsert table's current state: ``idem.<type>_state`` (one row per identity, tombstones
+# included) and the view ``idem.<type>_current`` (its live rows, with the history's columns).
+STATE_SUFFIX = "_state"
+CURRENT_SUFFIX = "_current"
+
+
+def upsert_relations(record_type: str) -> tuple[str, str]:
+    """The state table's and the current view's names of upsert table ``record_type``
+    (beside its history, :func:`table_name`: ``threat-actor`` -> ``threat_actor_current``)."""
+    table = table_name(record_type)
+    return table + STATE_SUFFIX, table + CURRENT_SUFFIX
 
 
 @functools.lru_cache(maxsize=4096)

@@ -205,8 +205,9 @@ class TableIOManager(dg.ConfigurableIOManager):
     are upgraded through the migration chain in Spark, and every row comes in the
     current shape. Per input, ``dg.AssetIn(key, metadata={...})`` may set
     ``skip_failed_migrations`` (count rows whose migration raises instead of failing
-    the read; default: this manager's setting), ``commit_id`` (only one commit's rows)
-    and ``limit``. What was read (rows per stored schema version, the current version,
+    the read; default: this manager's setting), ``commit_id`` (only one commit's rows),
+    ``limit`` and ``history`` (of a ``mode: upsert`` table, every version instead of its
+    current state, one row per identity, which it reads by default). What was read (rows per stored schema version, the current version,
     rows skipped) is recorded as the input's metadata, an observation of the table.
 
     ``handle_output`` refuses: the tables are written only by the connectors' commits.
@@ -253,6 +254,7 @@ class TableIOManager(dg.ConfigurableIOManager):
                 commit_id=str(commit_id) if commit_id else None,
                 limit=int(limit) if limit is not None else None,
                 skip_failed=skip,
+                current=not bool(options.get("history", False)),  # an upsert table's current state
             )
         metadata: dict[str, Any] = {
             "table": dg.MetadataValue.text(qualified_table_name(record_type)),

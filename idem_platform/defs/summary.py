@@ -24,7 +24,8 @@ EFFECT_KEYS = ("effects_created", "effects_suppressed")  # when the config has e
 JSON_KEYS = ("files", "offsets", "schema_versions", "prior", "timings", "consumer_group", "notes")
 FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds", "replay_skipped")
 TEXT_KEYS = ("already_committed", "file_key")  # file_key: the figures are one file's of a batch
-PER_TABLE = ("written", "skipped")
+# Per table; an upsert table's current state also: inserted, updated, deleted, stale (history only).
+PER_TABLE = ("written", "skipped", "inserted", "updated", "deleted", "stale")
 REJECT_SAMPLE = 20
 REJECT_SCHEMA = dg.TableSchema(
     columns=[
@@ -47,7 +48,8 @@ METADATA_GLOSSARY = (
     "Metadata of each materialization: `rows_written`, `rows_skipped` (keys already held, repeats, "
     "blank lines), `rows_rejected` (quarantined in `idem.rejects`; `rejects` shows the first "
     f"{REJECT_SAMPLE} reasons) and `reject_ratio`; `written/<record_type>` and `skipped/<record_type>` "
-    "per table, `tables` the same as a table; `commit_id` (`idem.commits`); `replayed` (nothing new: "
+    "per table, and for an upsert table `inserted/`, `updated/`, `deleted/` and `stale/<record_type>` (what "
+    "its current state became; stale: older versions, kept in history only); `tables` the same as a table; `commit_id` (`idem.commits`); `replayed` (nothing new: "
     "`prior` holds the commit that wrote these records); `files` (path relative to the drop directory, "
     "file key, bytes, lines and its own figures) or `offsets`; `schema_versions`, `timings`, `seconds`. "
     "A batch run's partitions also share its totals as `batch_files` and `batch_rows_*`."

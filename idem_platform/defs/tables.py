@@ -36,10 +36,11 @@ import psycopg
 from psycopg import sql
 
 from idem_platform.config import ConnectorConfig, IdemConfig
-from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec, table_name
+from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec, table_name, upsert_relations
 from idem_platform.defs.connector.names import asset_keys
 from idem_platform.defs.resources import DEFAULT_KEYS, TABLE_IO_MANAGER_KEY, ResourceKeys
 from idem_platform.errors import ConfigError
+from idem_platform.postgres.current import state_ident
 from idem_platform.postgres.schema import SCHEMA, qualified_table_name
 from idem_platform.postgres.tables import effective_spec, existing_columns, table_ident
 
@@ -47,6 +48,7 @@ TABLE_IO_MANAGER = TABLE_IO_MANAGER_KEY  # the default database's (ResourceKeys.
 TABLE_GROUP = "idem_tables"
 KEY_PREFIX = SCHEMA  # ["idem", <record_type>]: the schema and the table
 RECORD_TYPE_TAG = "idem/record_type"
+UPSERT_COUNTS = ("inserted", "updated", "deleted", "stale")  # an upsert table's materialization metadata
 # Up to this size the row count is exact: count(*) of 1M rows shaped like the threat feed's
 # (601 MB, made with generate_series) took 0.17-0.27 s cached on the 2-core VM. Above it,
 # PostgreSQL's own estimate (pg_class.reltuples scaled to the table's current size, what the
@@ -75,6 +77,13 @@ def table_key(record_type: str) -> dg.AssetKey:
     earlier version wrote keep their history. The table's real name is its
     ``dagster/table_name`` (:func:`~idem_platform.postgres.schema.qualified_table_name`)."""
     return dg.AssetKey([KEY_PREFIX, record_type])
+
+
+def queried_name(spec: TableSpec) -> str:
+    """What readers query: ``idem.<table>_current`` of an upsert table, else ``idem.<table>``."""
+    if spec.upsert is not None:
+        return f"{SCHEMA}.{upsert_relations(spec.record_type)[1]}"
+    return qualified_table_name(spec.record_type)
 
 
 def record_type_of(key: dg.AssetKey) -> str | None:
@@ -214,14 +223,15 @@ def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_
                 kinds={"postgres"},
                 tags={RECORD_TYPE_TAG: record_type},
                 description=(
-                    f"The table `{qualified_table_name(record_type)}`: every `{record_type}` record committed exactly once "
+                    _upsert_description(spec)
+                    + f"The table `{qualified_table_name(record_type)}`: every `{record_type}` record committed exactly once "
                     f"by {names} (schema version {spec.schema_version}). Only those commits write it; each "
                     "reports a materialization here with the row count and the columns as they are now. "
                     f"An asset with `ins={{'{record_type.replace('-', '_')}': AssetIn({list(table_key(record_type).path)!r})}}` "
                     "receives it as a Spark DataFrame in the current schema version (older rows migrated on read)."
                 ),
                 metadata={
-                    "dagster/table_name": qualified_table_name(record_type),
+                    "dagster/table_name": queried_name(spec),
                     "dagster/column_schema": schema,
                     "dagster/column_lineage": column_lineage(schema, spec, connectors),
                     "schema_version": spec.schema_version,
@@ -229,6 +239,17 @@ def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_
             ).with_io_manager_key(resource_keys.table_io_manager)
         )
     return specs
+
+
+def _upsert_description(spec: TableSpec) -> str:
+    """The first words of an upsert table's asset description: what it is and how to get the history."""
+    if spec.upsert is None:
+        return ""
+    return (
+        f"The current state of `{spec.record_type}` (`mode: upsert`): `{queried_name(spec)}`, one row per identity, "
+        f"the version with the greatest `{spec.upsert.order_by}`; this is what the asset loads "
+        "(`AssetIn(..., metadata={'history': True})`: every version). "
+    )
 
 
 class RowCount(NamedTuple):
@@ -246,7 +267,22 @@ def count_rows(conn: psycopg.Connection, record_type: str, *, exact_max_bytes: i
     big table that was never analyzed has no density yet (only right after its first,
     big, commit): it is counted exactly, which costs a fraction of that commit.
     """
+    query = sql.SQL("SELECT count(*) FROM {}").format(table_ident(record_type))
+    return _count(conn, table_name(record_type), query, exact_max_bytes)
 
+
+def count_current(conn: psycopg.Connection, record_type: str, *, exact_max_bytes: int = EXACT_COUNT_MAX_BYTES) -> RowCount:
+    """The rows of an upsert table's current state (``idem.<type>_current``: live identities),
+    counted in its narrow state table; above ``exact_max_bytes`` the state table's estimate,
+    deleted identities included (labelled inexact)."""
+    state = upsert_relations(record_type)[0]
+    query = sql.SQL("SELECT count(*) FROM {} WHERE NOT _deleted").format(state_ident(record_type))
+    return _count(conn, state, query, exact_max_bytes)
+
+
+def _count(conn: psycopg.Connection, relation: str, query: sql.Composed, exact_max_bytes: int) -> RowCount:
+    """``query``'s count, or the estimate of table ``idem.<relation>`` when it is over
+    ``exact_max_bytes`` and analyzed (:func:`count_rows`)."""
     stats = conn.execute(
         """
         SELECT c.reltuples, c.relpages, pg_relation_size(c.oid),
@@ -254,14 +290,14 @@ def count_rows(conn: psycopg.Connection, record_type: str, *, exact_max_bytes: i
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
         """,
-        [SCHEMA, table_name(record_type)],
+        [SCHEMA, relation],
     ).fetchone()
     if stats is None:
         return RowCount(0, True)
     reltuples, relpages, size, pages = stats
     if size > exact_max_bytes and reltuples >= 0 and relpages > 0:
         return RowCount(round(reltuples / relpages * pages), False)
-    counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table_ident(record_type))).fetchone()
+    counted = conn.execute(query).fetchone()
     return RowCount(int(counted[0]) if counted else 0, True)
 
 
@@ -289,11 +325,12 @@ def table_materializations(
             continue
         spec = specs.get(record_type)
         columns = existing_columns(conn, record_type)
-        count = count_rows(conn, record_type)
+        upsert = spec is not None and spec.upsert is not None
+        count = count_current(conn, record_type) if upsert else count_rows(conn, record_type)
         metadata: dict[str, Any] = {
             "dagster/row_count": dg.MetadataValue.int(count.rows),
             "row_count_exact": dg.MetadataValue.bool(count.exact),
-            "dagster/table_name": dg.MetadataValue.text(qualified_table_name(record_type)),
+            "dagster/table_name": dg.MetadataValue.text(queried_name(spec) if spec else qualified_table_name(record_type)),
             "schema_version": dg.MetadataValue.int(
                 int(versions.get(record_type) or (spec.schema_version if spec else 1))
             ),
@@ -305,6 +342,8 @@ def table_materializations(
             metadata["dagster/column_schema"] = dg.MetadataValue.table_schema(live_schema(spec, columns))
         if counts.get("new_columns"):
             metadata["new_columns"] = dg.MetadataValue.text(", ".join(counts["new_columns"]))
+        for key in UPSERT_COUNTS if upsert else ():  # what the commit did to the current state
+            metadata[key] = dg.MetadataValue.int(int(counts.get(key) or 0))
         if summary.get("connector"):
             metadata["connector"] = dg.MetadataValue.text(str(summary["connector"]))
         if partition is not None:

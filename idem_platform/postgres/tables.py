@@ -33,6 +33,7 @@ from idem_platform.contract.catalog import (
     typed_column_name,
 )
 from idem_platform.errors import ConfigError
+from idem_platform.postgres.current import refresh_current_view, sync_current
 from idem_platform.postgres.schema import DDL_LOCK_ID, SCHEMA, qualified_table_name
 
 
@@ -91,12 +92,14 @@ def _create(conn: psycopg.Connection, spec: TableSpec) -> None:
 
 
 def add_column(conn: psycopg.Connection, record_type: str, column: Column) -> None:
-    """``ALTER TABLE … ADD COLUMN`` (nullable, so old rows read null)."""
+    """``ALTER TABLE … ADD COLUMN`` (nullable, so old rows read null); an upsert table's
+    current view gains it in the same transaction."""
     conn.execute(
         sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
             table_ident(record_type), sql.Identifier(column.name), sql.SQL(column.type.postgres)
         )
     )
+    refresh_current_view(conn, record_type)
 
 
 def add_system_column(conn: psycopg.Connection, record_types: list[str], name: str, ddl: str) -> None:
@@ -115,6 +118,7 @@ def add_system_column(conn: psycopg.Connection, record_types: list[str], name: s
                     table_ident(record_type), sql.Identifier(name), sql.SQL(ddl)
                 )
             )
+            refresh_current_view(conn, record_type)
 
 
 def effective_spec(spec: TableSpec, columns: dict[str, str]) -> TableSpec:
@@ -188,6 +192,7 @@ def sync_tables(conn: psycopg.Connection, specs: dict[str, TableSpec]) -> dict[s
                         key=f"tables.{name}.columns.{column.name}",
                     )
             effective[name] = effective_spec(spec, existing_columns(conn, name))
+            sync_current(conn, effective[name])
         for name in sorted(effective):
             record_catalog(conn, effective[name])
     return {name: effective[name] for name in specs}

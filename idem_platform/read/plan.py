@@ -27,6 +27,7 @@ from psycopg import sql
 
 from idem_platform.contract.catalog import TableSpec
 from idem_platform.migrations import MigrationSource
+from idem_platform.postgres.current import state_ident
 from idem_platform.postgres.tables import table_ident
 
 # How a frame column is read from the table's CSV and what Arrow type it has in the frame
@@ -117,6 +118,9 @@ class ReadPlan:
     payload_version: bool = False
     migrations: MigrationSource = field(default_factory=MigrationSource)
     connectors: tuple[tuple[str, ConnectorRules], ...] = ()
+    # An upsert table's current state: only the versions its live state rows name (one
+    # per identity), as ``idem.<type>_current`` shows them; else every version (the history).
+    current: bool = False
 
     @property
     def partitions(self) -> int:
@@ -142,6 +146,12 @@ class ReadPlan:
     def where(self, index: int | None = None) -> sql.Composable:
         """The rows partition ``index`` reads (``None``: every partition's)."""
         conditions: list[sql.Composable] = []
+        if self.current:
+            conditions.append(
+                sql.SQL("EXISTS (SELECT 1 FROM {state} s WHERE s._record_key = {table}._idempotency_key AND NOT s._deleted)").format(
+                    state=state_ident(self.record_type), table=table_ident(self.record_type)
+                )
+            )
         if self.commit_id is not None:
             conditions.append(sql.SQL("_commit_id = {}::uuid").format(sql.Literal(self.commit_id)))
         if self.only_old:

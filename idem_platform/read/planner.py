@@ -19,7 +19,8 @@ from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec, table_name
 from idem_platform.errors import ConfigError
 from idem_platform.migrations import MigrationSource
 from idem_platform.postgres.connection import connect
-from idem_platform.postgres.schema import SCHEMA
+from idem_platform.postgres.current import has_state
+from idem_platform.postgres.schema import SCHEMA, qualified_table_name
 from idem_platform.postgres.tables import (
     adopt_legacy_tables,
     effective_spec,
@@ -90,12 +91,16 @@ def plan_read(
     limit: int | None = None,
     parallelism: int = 2,
     ordered: bool = False,
+    current: bool = False,
 ) -> tuple[ReadPlan, dict[int, int]]:
     """Plan a read of ``idem.<record_type>``; return it with the rows per stored version.
 
     One connection, three short statements: the table's columns, the count per
     ``_schema_version`` (of the rows the read covers) and, for a table worth
     splitting, a page sample of its keys (``ordered``: of ``(_ingested_at, key)``).
+
+    ``current``: of an upsert table, only its current state (one version per identity, none
+    of a deleted one); ignored for an append table (its rows are all current).
 
     Raises:
         ConfigError: an unknown record type, or a ``limit`` below 1.
@@ -123,9 +128,16 @@ def plan_read(
             migrations=_migrations(config),
             connectors=connector_rules(config, record_type),
             payload_version=PAYLOAD_VERSION in existing,
+            current=current and declared.upsert is not None,
         )
         if not existing:
             return plan, {}
+        if plan.current and not has_state(conn, record_type):
+            raise ConfigError(
+                f"{qualified_table_name(record_type)} has no current state yet (mode: upsert is new): the next ingest builds it "
+                "from the history; read the history with --history",
+                path=_str(config.source),
+            )
         counts = _counts(conn, plan)
         total = sum(counts.values())
         if limit is None:

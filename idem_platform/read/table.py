@@ -93,6 +93,7 @@ def read_table(
     limit: int | None = None,
     skip_failed: bool = False,
     ordered: bool = False,
+    current: bool = False,
 ) -> TableRead:
     """Plan a read of ``idem.<record_type>`` in its current shape.
 
@@ -111,6 +112,8 @@ def read_table(
         ordered: partition by ranges of ``(_ingested_at, _idempotency_key)``, each sorted
             by PostgreSQL, so the frame's partitions, in order, hold the rows in that
             order (``idem read``); costs a sort per partition in PostgreSQL.
+        current: of an upsert table, its current state only (one version per identity);
+            else every version (the history).
 
     Raises:
         ConfigError: unknown record type, migration modules that cannot be imported.
@@ -120,7 +123,8 @@ def read_table(
     config.chains()
     check_cluster_reach(_master(spark), url)
     plan, counts = plan_read(
-        url, config, record_type, commit_id=commit_id, limit=limit, parallelism=_slots(spark), ordered=ordered
+        url, config, record_type, commit_id=commit_id, limit=limit, parallelism=_slots(spark), ordered=ordered,
+        current=current,
     )
     frame = source_frame(spark, plan, SKIP if skip_failed else RAISE).drop(ERROR_COLUMN)
     read = TableRead(frame, record_type, plan.current_version, counts, None, plan, spark)

@@ -33,6 +33,14 @@ def test_a_terminal_gets_a_summary_for_people() -> None:
     assert "2 outbound effects suppressed (a replay run)" in human_summary({**summary, "effects_suppressed": 2})
 
 
+def test_an_upsert_tables_current_state_counts_are_shown() -> None:
+    from idem_platform.cli.output import human_summary
+
+    counts = {"written": 5, "skipped": 0, "inserted": 2, "updated": 1, "deleted": 1, "stale": 1}
+    text = human_summary({"commit_id": "c-2", "rows_written": 5, "seconds": 1.0, "tables": {"customer": counts}})
+    assert "  idem.customer_current: 2 inserted, 1 updated, 1 deleted, 1 stale (history only)" in text.splitlines()
+
+
 def test_urls_are_shown_without_their_password() -> None:
     from idem_platform.redact import masked
 

@@ -29,6 +29,10 @@ def _summary() -> dict[str, Any]:
                 },
             },
             "malware": {"written": 0, "skipped": 0, "new_columns": [], "to_props": [], "props_fields": {}},
+            "customer": {  # an upsert table: what its current state became
+                "written": 4, "skipped": 0, "inserted": 1, "updated": 1, "deleted": 1, "stale": 1,
+                "new_columns": [], "to_props": [], "props_fields": {},
+            },
         },
     }
 
@@ -39,6 +43,7 @@ def test_every_table_figure_survives_metadata_and_back() -> None:
     summary = _summary()
     rebuilt = summary_from_metadata(summary_metadata(summary))
     assert rebuilt["tables"]["indicator"] == summary["tables"]["indicator"]
+    assert rebuilt["tables"]["customer"] == summary["tables"]["customer"]
     assert rebuilt["files"] == summary["files"]
     for key in ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed"):
         assert rebuilt[key] == summary[key]

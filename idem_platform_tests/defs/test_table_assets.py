@@ -13,6 +13,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+import yaml
 from pyspark.sql import DataFrame
 
 from idem_platform.config import IdemConfig, parse_config
@@ -445,3 +446,34 @@ def test_assets_listed_in_the_config_join_the_generated_code_location(tmp_path: 
     broken = write_config(tmp_path / "b" if (tmp_path / "b").mkdir() is None else tmp_path, example_text() + "\nassets: [no_such_reports]\n")
     with pytest.raises(ConfigError, match="assets: module 'no_such_reports' cannot be imported"):
         build_definitions(broken)
+
+
+def test_an_upsert_tables_asset_is_its_current_state(
+    tmp_path: Path, pg_url: str, instance: dg.DagsterInstance, spark: Any
+) -> None:
+    reset_database(pg_url)
+    data = yaml.safe_load(example_text())
+    data["tables"]["indicator"].update({"mode": "upsert", "order_by": "confidence"})
+    config = write_config(tmp_path, yaml.safe_dump(data, sort_keys=False))
+    ingest(config, pg_url, instance, "versions.ndjson", [
+        '{"type":"indicator","id":"i1","name":"a","confidence":10}',
+        '{"type":"indicator","id":"i1","name":"b","confidence":20}',
+        '{"type":"indicator","id":"i2","name":"c","confidence":5}',
+    ])
+    (event,) = table_events(instance, "indicator")
+    metadata = {k: v.value for k, v in event.metadata.items()}
+    assert metadata["dagster/table_name"] == "idem.indicator_current" and metadata["dagster/row_count"] == 2
+    assert [metadata[k] for k in ("rows_written", "inserted", "updated", "deleted", "stale")] == [3, 2, 0, 0, 1]
+    received: dict[str, list[str]] = {}
+
+    @dg.asset(ins={"indicator": dg.AssetIn(INDICATOR)})
+    def current_names(indicator: DataFrame) -> None:
+        received["current"] = sorted(r["name"] for r in indicator.select("name").collect())
+
+    @dg.asset(ins={"indicator": dg.AssetIn(INDICATOR, metadata={"history": True})})
+    def every_name(indicator: DataFrame) -> None:
+        received["history"] = sorted(r["name"] for r in indicator.select("name").collect())
+
+    assert materialize_asset(config, pg_url, instance, current_names).success
+    assert materialize_asset(config, pg_url, instance, every_name).success
+    assert received == {"current": ["b", "c"], "history": ["a", "b", "c"]}

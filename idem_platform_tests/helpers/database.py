@@ -12,6 +12,9 @@ from idem_platform.postgres import connect
 def reset_database(url: str) -> None:
     """Drop the record tables and empty idem's own tables: each test starts from nothing."""
     with connect(url, autocommit=True) as conn:
+        # Views first (an upsert table's idem.<type>_current): they depend on the tables.
+        for (name,) in conn.execute("SELECT viewname FROM pg_views WHERE schemaname = 'idem'").fetchall():
+            conn.execute(sql.SQL("DROP VIEW idem.{}").format(sql.Identifier(name)))
         tables = conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'idem' AND tablename <> 'schema_migrations'"
         ).fetchall()

@@ -70,6 +70,7 @@ def record_applied(
     record_commit(conn, plan, result, replay=False, valid_through=valid_through)
     log_counts(conn, plan.commit_id, rows_written, idempotent_skips, rows_rejected, replay=plan.replay,
                replay_skipped=plan.replayed_records)
+    log_upsert_counts(conn, plan.commit_id, result.get("tables") or {})
     ledger = Ledger(conn, plan.connector, replay_window=timedelta(seconds=plan.replay_window_seconds))
     keys = plan.ledger_keys()
     for key in keys:
@@ -147,6 +148,20 @@ def log_counts(
         cursor.executemany(
             f"INSERT INTO {SCHEMA}.execution_log (commit_id, event_type, count) VALUES (%s, %s, %s)",
             [(commit_id, event, count) for event, count in events.items() if count],
+        )
+
+
+UPSERT_COUNTS = ("inserted", "updated", "deleted", "stale")
+
+
+def log_upsert_counts(conn: psycopg.Connection, commit_id: str, tables: dict[str, Any]) -> None:
+    """The ``execution_log`` rows of what the commit's versions did to its upsert tables'
+    current state (``upsert_inserted``…, summed over those tables; a split of ``written``)."""
+    totals = {name: sum(int(t.get(name) or 0) for t in tables.values()) for name in UPSERT_COUNTS}
+    with conn.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {SCHEMA}.execution_log (commit_id, event_type, count) VALUES (%s, %s, %s)",
+            [(commit_id, f"upsert_{name}", count) for name, count in totals.items() if count],
         )
 
 

@@ -10,7 +10,8 @@ from psycopg import sql
 
 from idem_platform.effects.outbox import write_outbox
 from idem_platform.faults import checkpoint
-from idem_platform.postgres.schema import SCHEMA
+from idem_platform.postgres.current import CurrentCounts, fold_commit
+from idem_platform.postgres.schema import SCHEMA, qualified_table_name
 from idem_platform.postgres.tables import effective_spec, existing_columns, record_catalog
 from idem_platform.write.apply.attempts import StagedAttempt, accepted_attempts, accepted_tables
 from idem_platform.write.apply.claim import recheck_claim
@@ -69,6 +70,7 @@ class ApplyTransaction:
         self.conflict: str | None = None  # what ended streaming, for the result's timings
         self.insert_seconds = 0.0
         self.lock_seconds = 0.0
+        self.fold_seconds: float | None = None  # upsert tables' current state, when the batch has any
         self._transaction: Any = None
         self.inserts = TableInserts(conn, plan)
         self.leftovers = False  # committed, but its staging tables could not be dropped on conn
@@ -216,18 +218,22 @@ class ApplyTransaction:
                 self._begin()
             raise too_many_rejects(self.conn, plan, chosen, rejected, total)
         self._apply_rest_conflict_safe(chosen)
+        current = self._fold_current(staged)
         checkpoint("before_apply")
         with lock_wait(plan, "the source's committed offsets"):
             moved = plan.step.apply(self.conn, plan.commit_id, self.max_timestamps) if plan.step is not None else {}
         rows_rejected = record_rejects(self.conn, plan, chosen, rejected)
         rows_written = sum(self.inserts.written.values())
         idempotent_skips = sum(staged.values()) - rows_written
+        tables = self.inserts.tables(chosen, staged)
+        for record_type, counts in current.items():
+            tables.setdefault(record_type, {}).update(counts.as_dict())
         result = applied_result(
             plan,
             rows_written=rows_written,
             idempotent_skips=idempotent_skips,
             rows_rejected=rows_rejected,
-            tables=self.inserts.tables(chosen, staged),
+            tables=tables,
             timings=self._timings(),
             units=self._unit_counts(chosen, (rows_written, idempotent_skips, rows_rejected)),
         )
@@ -238,6 +244,26 @@ class ApplyTransaction:
             self.conn, plan, result, counts=(rows_written, idempotent_skips, rows_rejected), valid_through=valid_through
         )
         return self._commit(chosen, result)
+
+    def _fold_current(self, staged: dict[str, int]) -> dict[str, CurrentCounts]:
+        """Fold the versions this commit wrote into each upsert table's current state, in
+        this transaction (after every history insert: the batch's greatest version per
+        identity is known), by record type in name order (the one lock order: a history
+        table, then its state). Upsert tables this batch staged rows of only."""
+        folded = {}
+        started = time.monotonic()
+        for record_type in sorted(self.plan.tables):
+            spec = self.plan.tables[record_type]
+            if spec.upsert is None or not staged.get(record_type):
+                continue
+            written = self.inserts.written[record_type]
+            with lock_wait(self.plan, f"the current state of {qualified_table_name(record_type)}"):
+                folded[record_type] = (
+                    fold_commit(self.conn, spec, self.plan.commit_id, written) if written else CurrentCounts()
+                )
+        if folded:
+            self.fold_seconds = time.monotonic() - started
+        return folded
 
     def _unit_counts(self, chosen: list[StagedAttempt], totals: tuple[int, int, int]) -> list[dict[str, Any]] | None:
         """Each unit's rows written, skipped and rejected (see :mod:`~idem_platform.write.apply.units`),
@@ -258,6 +284,8 @@ class ApplyTransaction:
             "lock_wait_seconds": round(self.lock_seconds, 3),
             "insert_seconds": round(self.insert_seconds, 3),
         }
+        if self.fold_seconds is not None:
+            timings["current_state_seconds"] = round(self.fold_seconds, 3)
         if self.conflict:
             timings["streaming_stopped"] = self.conflict
         return timings

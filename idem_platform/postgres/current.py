@@ -1,0 +1,266 @@
+"""The current state of an upsert table (``mode: upsert``): one row per identity, order-safe.
+
+Beside the history ``idem.<type>`` (every distinct version once, keyed by record key, as
+for any table), an upsert table has:
+
+* ``idem.<type>_state``: one narrow row per identity (its primary key): the order and
+  content hash of the version that is current, that version's record key, whether it is a
+  delete (``_deleted``: a tombstone) and the commit that made it current;
+* ``idem.<type>_current``: a view of the history rows the live state rows name (every
+  column of the history, one row per identity), which is what readers query.
+
+The state holds no copy of the payload and typed columns: a version's row is in the
+history already, so the state's upsert writes a few narrow columns per identity, and the
+history's new columns (schema evolution, ``idem retype``) reach the view when it is
+replaced (:func:`refresh_current_view`), without a second table to widen.
+
+**The guard.** The state is a fold of the history: per identity, the version with the
+greatest ``(order, content hash, record key)``. A commit folds in the versions it wrote
+(history rows of its ``_commit_id``), in its own transaction: per identity the batch's
+greatest version first (``DISTINCT ON``), then ``INSERT … ON CONFLICT (identity) DO UPDATE
+… WHERE (excluded's order, hash, key) > (the state's)``. A version already in the history
+was folded in by the commit that wrote it, so replays, repeats and any arrival order give
+the same state. A delete is a version like any other, kept as a tombstone: an older
+version arriving later loses to it, a newer one wins.
+
+A state table is derived data: when its definition (identity, order, delete rule) differs
+from the config's, it is rebuilt from the history; when the table goes back to append
+mode it is dropped. Its comment records the definition it was built for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from idem_platform.contract.catalog import (
+    EXTERNAL_ID,
+    TableSpec,
+    UpsertSpec,
+    table_name,
+    upsert_relations,
+)
+from idem_platform.errors import ConfigError
+from idem_platform.postgres.schema import SCHEMA, qualified_table_name
+
+_MARK = "idem upsert state of "  # the state table's comment starts so, then the definition's JSON
+
+
+def _ident(name: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(SCHEMA), sql.Identifier(name))
+
+
+def state_ident(record_type: str) -> sql.Composed:
+    """``idem."<type>_state"``."""
+    return _ident(upsert_relations(record_type)[0])
+
+
+def current_ident(record_type: str) -> sql.Composed:
+    """``idem."<type>_current"``."""
+    return _ident(upsert_relations(record_type)[1])
+
+
+@dataclass(frozen=True)
+class CurrentCounts:
+    """What folding a commit's versions into the state did, per upsert table.
+
+    ``inserted``: identities that got their first row; ``updated``: a live version replaced
+    the identity's row (a newer version, or one after a delete); ``deleted``: a delete
+    became the identity's row; ``stale``: versions written to the history only (older than
+    the identity's current one, or not the batch's greatest)."""
+
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    stale: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"inserted": self.inserted, "updated": self.updated, "deleted": self.deleted, "stale": self.stale}
+
+
+def _definition(spec: TableSpec, upsert: UpsertSpec) -> str:
+    """What the state was built for, as the state table's comment records it."""
+    return _MARK + json.dumps(
+        {
+            "record_type": spec.record_type,
+            "identity": [[name, _postgres_type(spec, name)] for name in upsert.identity],
+            "order_by": [upsert.order_by, _postgres_type(spec, upsert.order_by)],
+            "delete_when": [upsert.delete_field, upsert.delete_equals],
+        },
+        sort_keys=True,
+    )
+
+
+def _postgres_type(spec: TableSpec, name: str) -> str:
+    if name == EXTERNAL_ID:
+        return "text"
+    for column in spec.columns:
+        if column.name == name:
+            return column.type.postgres
+    raise ConfigError(f"{qualified_table_name(spec.record_type)}: no column {name!r}")  # the config checks it first
+
+
+def _recorded(conn: psycopg.Connection, record_type: str) -> str | None:
+    """The state table's recorded definition, or ``None`` when idem keeps no state of ``record_type``."""
+    row = conn.execute(
+        "SELECT obj_description(to_regclass(%s), 'pg_class')", [state_ident(record_type).as_string(conn)]
+    ).fetchone()
+    text = row[0] if row else None
+    return text if isinstance(text, str) and text.startswith(_MARK) else None
+
+
+def has_state(conn: psycopg.Connection, record_type: str) -> bool:
+    """Whether idem keeps a current state of ``record_type`` (its state table exists)."""
+    return _recorded(conn, record_type) is not None
+
+
+def _drop(conn: psycopg.Connection, record_type: str) -> None:
+    """Drop the view and the state table (derived data: the history keeps every version)."""
+    try:
+        conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(current_ident(record_type)))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(state_ident(record_type)))
+    except psycopg.errors.DependentObjectsStillExist as exc:
+        raise ConfigError(
+            f"idem.{upsert_relations(record_type)[1]} must be rebuilt or dropped "
+            f"(its table's mode or upsert keys changed) but other objects depend on it: {exc.diag.message_detail or exc}",
+            key=f"tables.{record_type}",
+        ) from None
+
+
+def sync_current(conn: psycopg.Connection, spec: TableSpec) -> None:
+    """Inside :func:`~idem_platform.postgres.tables.sync_tables` (DDL lock held, history table
+    created): create the state table and view of an upsert table, filled from the history;
+    rebuild them when their definition changed; drop them when the table is append again."""
+    recorded = _recorded(conn, spec.record_type)
+    if spec.upsert is None:
+        if recorded is not None:
+            _drop(conn, spec.record_type)
+        return
+    wanted = _definition(spec, spec.upsert)
+    if recorded == wanted:
+        refresh_current_view(conn, spec.record_type)
+        return
+    if recorded is not None:
+        _drop(conn, spec.record_type)
+    for name in upsert_relations(spec.record_type):
+        taken = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [_ident(name).as_string(conn)]).fetchone()
+        if taken and taken[0]:
+            raise ConfigError(
+                f"idem.{name} exists and is not idem's current state of {spec.record_type!r} (mode: upsert needs "
+                "that name): rename or drop it",
+                key=f"tables.{spec.record_type}.mode",
+            )
+    _create_state(conn, spec, spec.upsert, wanted)
+    fold(conn, spec, sql.SQL("TRUE"), {})
+    refresh_current_view(conn, spec.record_type)
+
+
+def _create_state(conn: psycopg.Connection, spec: TableSpec, upsert: UpsertSpec, comment: str) -> None:
+    identity = [
+        sql.SQL("{} {} NOT NULL").format(sql.Identifier(n), sql.SQL(_postgres_type(spec, n))) for n in upsert.identity
+    ]
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {state} ({identity}, _order {order} NOT NULL, _content_hash text NOT NULL, "
+            '_record_key text COLLATE "C" NOT NULL, _deleted boolean NOT NULL, _commit_id uuid NOT NULL, '
+            "PRIMARY KEY ({key}))"
+        ).format(
+            state=state_ident(spec.record_type),
+            identity=sql.SQL(", ").join(identity),
+            order=sql.SQL(_postgres_type(spec, upsert.order_by)),
+            key=sql.SQL(", ").join(sql.Identifier(n) for n in upsert.identity),
+        )
+    )
+    conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(state_ident(spec.record_type), sql.Literal(comment)))
+
+
+def refresh_current_view(conn: psycopg.Connection, record_type: str) -> None:
+    """(Re)create ``idem.<type>_current`` with every column the history has now; nothing
+    when ``record_type`` keeps no state. Called wherever the history gains a column: the
+    view's ``h.*`` is expanded when the view is made, and history columns are only ever
+    appended, so ``CREATE OR REPLACE`` keeps the old columns and adds the new ones."""
+    if _recorded(conn, record_type) is None or _columns(conn, upsert_relations(record_type)[1]) == _columns(
+        conn, table_name(record_type)
+    ):
+        return  # up to date: no lock on the view (a reader holding it would make this wait)
+    conn.execute(
+        sql.SQL(
+            "CREATE OR REPLACE VIEW {current} AS SELECT h.* FROM {state} s "
+            "JOIN {history} h ON h._idempotency_key = s._record_key WHERE NOT s._deleted"
+        ).format(current=current_ident(record_type), state=state_ident(record_type), history=_ident(table_name(record_type)))
+    )
+
+
+def _columns(conn: psycopg.Connection, name: str) -> list[str]:
+    """The column names of relation ``idem.<name>``, in order (empty when it does not exist)."""
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 "
+        "AND NOT a.attisdropped ORDER BY a.attnum",
+        [_ident(name).as_string(conn)],
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def fold(
+    conn: psycopg.Connection, spec: TableSpec, where: sql.Composable, params: dict[str, object]
+) -> CurrentCounts:
+    """Fold the history rows ``where`` selects (alias ``h``) into the state; what it did.
+
+    Per identity the greatest ``(order, hash, key)`` of those rows is a candidate; it
+    replaces the state's row only when greater (the guard), so folding a row twice, or
+    rows in any order, gives the same state. Candidates come in identity order, so two
+    commits folding the same identities lock their state rows in one order (no deadlock).
+    ``stale`` is left to the caller, who knows how many versions it wrote."""
+    upsert = spec.upsert
+    if upsert is None:
+        return CurrentCounts()
+    identity = sql.SQL(", ").join(sql.SQL("h.{}").format(sql.Identifier(n)) for n in upsert.identity)
+    columns = sql.SQL(", ").join(sql.Identifier(n) for n in upsert.identity)
+    order = sql.SQL("h.{}").format(sql.Identifier(upsert.order_by))
+    deleted: sql.Composable = sql.SQL("false")
+    if upsert.delete_field is not None:
+        # Parameters, not literals: a value may hold '%', which a literal would make a placeholder.
+        deleted = sql.SQL("coalesce(h._payload -> %(delete_field)s::text = %(delete_equals)s::jsonb, false)")
+    not_null = sql.SQL(" AND ").join(
+        sql.SQL("h.{} IS NOT NULL").format(sql.Identifier(n)) for n in (*upsert.identity, upsert.order_by)
+    )
+    statement = sql.SQL(
+        "INSERT INTO {state} AS s ({columns}, _order, _content_hash, _record_key, _deleted, _commit_id) "
+        "SELECT DISTINCT ON ({identity}) {identity}, {order}, h._content_hash, h._idempotency_key, {deleted}, h._commit_id "
+        "FROM {history} h WHERE ({where}) AND {not_null} "
+        "ORDER BY {identity}, {order} DESC, h._content_hash DESC, h._idempotency_key DESC "
+        "ON CONFLICT ({columns}) DO UPDATE SET _order = excluded._order, _content_hash = excluded._content_hash, "
+        "_record_key = excluded._record_key, _deleted = excluded._deleted, _commit_id = excluded._commit_id "
+        "WHERE (excluded._order, excluded._content_hash, excluded._record_key) > (s._order, s._content_hash, s._record_key) "
+        "RETURNING (s.xmax = 0), s._deleted"
+    ).format(
+        state=state_ident(spec.record_type),
+        columns=columns,
+        identity=identity,
+        order=order,
+        deleted=deleted,
+        history=_ident(table_name(spec.record_type)),
+        where=where,
+        not_null=not_null,
+    )
+    inserted = updated = deleted_count = 0
+    params = {**params, "delete_field": upsert.delete_field, "delete_equals": upsert.delete_equals}
+    for fresh, is_deleted in conn.execute(statement, params).fetchall():
+        if is_deleted:
+            deleted_count += 1
+        elif fresh:
+            inserted += 1
+        else:
+            updated += 1
+    return CurrentCounts(inserted=inserted, updated=updated, deleted=deleted_count)
+
+
+def fold_commit(conn: psycopg.Connection, spec: TableSpec, commit_id: str, written: int) -> CurrentCounts:
+    """Fold the versions commit ``commit_id`` wrote to the history (``written`` of them,
+    found by the history's ``_commit_id`` index) into the state, in its transaction."""
+    counts = fold(conn, spec, sql.SQL("h._commit_id = %(commit_id)s::uuid"), {"commit_id": commit_id})
+    applied = counts.inserted + counts.updated + counts.deleted
+    return CurrentCounts(counts.inserted, counts.updated, counts.deleted, max(written - applied, 0))
