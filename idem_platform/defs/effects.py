@@ -5,7 +5,8 @@
   runs (run config ``ops: {idem_effects_deliver_op: {config: {effect: NAME}}}``, optional).
 * ``idem_effects_sensor`` launches it when a row is due and no run of the job is queued or
   running: one delivery run at a time (a second would only find the first's claims locked),
-  and a run key made of the due rows (keys and tries), so one due set is launched once.
+  and a run key made of the due rows (keys and tries) and the last run of the job, so one due
+  set is launched once, and again only if a run ended without taking it (it failed to start).
 * ``effects_owed``, a WARN check on each table asset ``idem/<record_type>`` with effects:
   per effect the rows pending, delivered and failed and the age of the oldest pending one;
   it fails (warns) when a row failed or the oldest pending is older than the effect's
@@ -200,7 +201,11 @@ def effects_sensor(
             )
         if not due or digest is None:
             return dg.SkipReason(f"nothing due: {pending} pending (not due yet or claimed), {failed} failed")
-        return dg.RunRequest(run_key=f"due:{digest}", tags={"idem/effects_due": str(due)})
+        # The due rows (keys and tries) and the last delivery run: a due set is launched once, and
+        # again only after a run that ended without claiming it (one that failed to start).
+        last = context.instance.get_runs(filters=dg.RunsFilter(job_name=job.name), limit=1)
+        after = last[0].run_id if last else "none"
+        return dg.RunRequest(run_key=f"due:{digest}:after:{after}", tags={"idem/effects_due": str(due)})
 
     return sensor
 

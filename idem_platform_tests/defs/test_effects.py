@@ -98,6 +98,8 @@ def test_the_sensor_launches_the_job_which_delivers_and_the_check_turns_from_war
         assert isinstance(busy, dg.SkipReason) and f"delivery run {queued.run_id} is in progress" in str(busy.skip_message)
         assert "1 due, 1 pending, 0 failed" in str(busy.skip_message)
         instance.report_run_canceled(queued)
+        relaunch = tick(defs, instance, pg_url)  # that run ended without taking the due rows: launch again
+        assert isinstance(relaunch, dg.RunRequest) and relaunch.run_key != request.run_key
 
         delivered = job.execute_in_process(instance=instance, run_config=request.run_config, tags=request.tags)
     assert delivered.success

@@ -90,3 +90,23 @@ def test_a_raising_function_is_retried_then_parked_and_acts_nothing(
     assert acted(log) == []
     # A failure is released, not recorded: a retry after a fix calls the function again.
     assert rows(pg_url, "SELECT count(*) FROM idem.ingest_ledger WHERE namespace = 'effects.enrich'") == [(0,)]
+
+
+def test_the_documented_example_records_a_band_per_indicator(tmp_path: Path, pg_url: str) -> None:
+    effect = {
+        "name": "confidence-band", "record_type": "indicator", "max_attempts": 3,
+        "python": {"function": "idem_platform.examples.effects:band", "body": {"indicator": "name", "confidence": "confidence"}},
+    }
+    config = effects_config(tmp_path, pg_url, [effect], effect_modules=["idem_platform.examples.effects"])
+    with connect(pg_url) as conn, conn.transaction():
+        for name, confidence in (("a.example", 90), ("b.example", 40), ("c.example", None)):
+            conn.execute(
+                "INSERT INTO idem.outbox (key, effect, connector, record_type, record_key, payload, commit_id) "
+                "VALUES (%s, 'confidence-band', 'threatfeed', 'indicator', %s, %s, %s)",
+                [mint_key("confidence-band", name), name, Jsonb({"indicator": name, "confidence": confidence}), COMMIT],
+            )
+    assert deliver(pg_url, config.effects).delivered == 3
+    answers = rows(pg_url, "SELECT record_key, last_response FROM idem.outbox ORDER BY record_key")
+    assert [(key, json.loads(text)["band"]) for key, text in answers] == [
+        ("a.example", "high"), ("b.example", "medium"), ("c.example", None)
+    ]
