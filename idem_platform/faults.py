@@ -32,6 +32,7 @@ POINTS = (
     "before_stage", "staging",
     "before_apply", "during_apply", "after_apply",  # around the applying transaction's COMMIT
     "migrate_batch",  # idem migrate: after each committed batch (record_type, partition, batch)
+    "effect_sent",  # idem effects deliver: a row sent (a function's result recorded), its answer not yet (effect)
 )
 
 # The former names of renamed points, still accepted in IDEM_FAULT until the next release

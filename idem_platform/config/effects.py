@@ -1,13 +1,17 @@
 """``effects:`` in ``idem.yaml``: a named outbound action on the written rows of a record type.
 
 Everything here is declarative: the condition compares a column with constants, the body
-names columns, the key names parts. Nothing read from data is ever run as code. What this
-release does not build (a Python-function effect, an effect on an upsert table's changes,
-results kept as a table) is refused at load, so a half-feature is never reachable.
+names columns, the key names parts. Nothing read from data is ever run as code: a
+Python-function effect names a function of a module the config lists (``effect_modules:``),
+imported and checked at load. What this release does not build (an effect on an upsert
+table's changes, results kept as a table) is refused at load, so a half-feature is never
+reachable.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -88,20 +92,57 @@ class HttpDelivery(ConfigModel):
         return value
 
 
+class PythonDelivery(ConfigModel):
+    """A Python function an effect calls: ``function(payload, key)``, its JSON-able result recorded.
+
+    The function is ``module:attribute`` (the module one of ``effect_modules:`` or below one);
+    the payload is the JSON object ``body`` builds from the row, ``key`` the minted key.
+    """
+
+    function: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$", description="module:function"
+    )
+    body: dict[str, str] = Field(min_length=1, description="JSON field -> the row's column (or a system part).")
+
+    @property
+    def module(self) -> str:
+        return self.function.split(":", 1)[0]
+
+    def resolve(self) -> Callable[..., Any]:
+        """The function itself (its module imported, from the config file's directory too).
+
+        Raises:
+            ValueError: the module cannot be imported, or has no such callable.
+        """
+        module_name, attribute = self.function.split(":", 1)
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # noqa: BLE001 - any failure of a user's module is a config error
+            raise ValueError(f"python.function: module {module_name!r} cannot be imported ({type(exc).__name__}: {exc})") from None
+        found = getattr(module, attribute, None)
+        if not callable(found):
+            raise ValueError(f"python.function: {module_name!r} has no function {attribute!r}")
+        return found
+
+
 class EffectConfig(ConfigModel):
-    """One outbound effect: on which rows (``record_type``, ``when``), what to send
-    (``http``), under which key (``key``), and how hard to try (``max_attempts``, backoff)."""
+    """One outbound effect: on which rows (``record_type``, ``when``), what to do (``http``: a
+    request, or ``python``: a function), under which key (``key``), and how hard to try
+    (``max_attempts``, backoff)."""
 
     name: str = Field(pattern=f"^{NAME}$", description="[a-z0-9_-]{1,64}")
     record_type: str
     when: list[Condition] = Field(default_factory=list, description="All must hold; none: every written row.")
     key: tuple[str, ...] = Field(DEFAULT_KEY, min_length=1)
-    http: HttpDelivery
+    http: HttpDelivery | None = None
+    python: PythonDelivery | None = Field(None, description="A function of an effect_modules: module, instead of http.")
     max_attempts: int = Field(5, ge=1, le=100, description="Tries in all, the first included.")
     backoff_seconds: float = Field(1.0, gt=0, description="Wait before the second try; doubles after each.")
     max_backoff_seconds: float = Field(300.0, gt=0)
     lease_seconds: float = Field(60.0, gt=0, description="How long a dispatcher's claim on a row holds.")
-    python: Any = Field(None, description="Not built: refused.")
+    warn_pending_after_seconds: float = Field(
+        3600.0, gt=0, description="The effects_owed check warns when the oldest pending row is older."
+    )
     results_table: Any = Field(None, description="Not built: refused.")
 
     @field_validator("when", mode="before")
@@ -109,23 +150,33 @@ class EffectConfig(ConfigModel):
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, dict) else value
 
-    @field_validator("python", "results_table")
+    @field_validator("results_table")
     @classmethod
     def _not_built(cls, value: Any) -> Any:
         if value is not None:
-            raise ValueError("not available in this release: an effect is an HTTP request (http:)")
+            raise ValueError("not available in this release: an effect is an HTTP request (http:) or a function (python:)")
         return value
 
     @model_validator(mode="after")
     def _key_and_lease(self) -> EffectConfig:
+        if (self.http is None) == (self.python is None):
+            raise ValueError("an effect has exactly one of http: (a request) and python: (a function)")
         if "effect" not in self.key:
             raise ValueError("key must include 'effect' (two effects on one row never share a key)")
-        if self.lease_seconds <= self.http.timeout_seconds:
+        if self.http is not None and self.lease_seconds <= self.http.timeout_seconds:
             raise ValueError(
                 f"lease_seconds ({self.lease_seconds:g}) must be longer than http.timeout_seconds "
                 f"({self.http.timeout_seconds:g}): a claim must outlive the request it covers"
             )
         return self
+
+    @property
+    def body(self) -> dict[str, str]:
+        """The JSON body (a request's, or a function's payload): field -> column or system part."""
+        if self.http is not None:
+            return self.http.body
+        assert self.python is not None  # one of the two, checked at load
+        return self.python.body
 
     def check_against(self, tables: dict[str, TableConfig]) -> None:
         """Check the record type, columns and constants against ``tables:``.
@@ -141,9 +192,10 @@ class EffectConfig(ConfigModel):
         kinds = {name: ColumnType.parse(column.type).kind for name, column in table.columns.items()}
         for condition in self.when:
             _check_condition(condition, kinds)
-        for field, column in self.http.body.items():
+        where = "http" if self.http is not None else "python"
+        for field, column in self.body.items():
             if column not in kinds and column not in SYSTEM_PARTS or column == "effect":
-                raise ValueError(f"http.body.{field}: {column!r} is neither a column of {self.record_type} nor one of "
+                raise ValueError(f"{where}.body.{field}: {column!r} is neither a column of {self.record_type} nor one of "
                                  f"{', '.join(sorted(set(SYSTEM_PARTS) - {'effect'}))}")
         for part in self.key:
             if part not in kinds and part not in SYSTEM_PARTS:
@@ -156,8 +208,9 @@ class EffectConfig(ConfigModel):
             name=self.name,
             record_type=self.record_type,
             when=tuple((c.field, c.operator, _frozen(c.value)) for c in self.when),
-            body=tuple(self.http.body.items()),
+            body=tuple(self.body.items()),
             key=self.key,
+            warn_pending_after_seconds=self.warn_pending_after_seconds,
         )
 
 
@@ -192,8 +245,11 @@ def _frozen(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def check_effects(effects: list[EffectConfig], tables: dict[str, TableConfig]) -> None:
-    """Names are unique and every effect fits its table.
+def check_effects(effects: list[EffectConfig], tables: dict[str, TableConfig], modules: list[str] | None = None) -> None:
+    """Names are unique, every effect fits its table, and a function's module is listed and importable.
+
+    ``modules``: ``effect_modules:`` (a function's module must be one of them or below one:
+    a config names the code it runs, as ``assets:`` and ``migrations:`` do).
 
     Raises:
         ValueError: ``effects[i]: ...``.
@@ -205,5 +261,17 @@ def check_effects(effects: list[EffectConfig], tables: dict[str, TableConfig]) -
         seen.add(effect.name)
         try:
             effect.check_against(tables)
+            if effect.python is not None:
+                _check_function(effect.python, modules or [])
         except ValueError as exc:
             raise ValueError(f"effects[{index}] ({effect.name}): {exc}") from None
+
+
+def _check_function(python: PythonDelivery, modules: list[str]) -> None:
+    """The function's module is listed in ``effect_modules:`` (or below one) and the function is there."""
+    name = python.module
+    if not any(name == listed or name.startswith(listed + ".") for listed in modules):
+        raise ValueError(
+            f"python.function: module {name!r} is not listed in effect_modules ({', '.join(modules) or 'none'})"
+        )
+    python.resolve()

@@ -50,6 +50,11 @@ class IdemConfig(ConfigModel):
     implicit_tables: tuple[str, ...] = Field(
         (), exclude=True, description="Tables no `tables:` entry declared (an otlp connector's log type)."
     )
+    effect_modules: list[str] = Field(
+        default_factory=list,
+        description="Python modules whose functions effects may call (python.function); importable from the "
+        "config file's directory too.",
+    )
     effects: list[EffectConfig] = Field(
         default_factory=list, description="Outbound effects on written rows (docs/effects.md)."
     )
@@ -135,8 +140,13 @@ class IdemConfig(ConfigModel):
     @field_validator("effects")
     @classmethod
     def _effects_fit(cls, effects: list[EffectConfig], info: ValidationInfo) -> list[EffectConfig]:
+        """Each effect fits its table; a function effect's module is listed and imports (now, at load:
+        a typo fails the config, not the first delivery)."""
         if "tables" in info.data:
-            check_effects(effects, info.data["tables"])
+            if any(effect.python is not None for effect in effects):
+                source = info.context.get("source") if isinstance(info.context, dict) else None
+                load_modules([], Path(source).parent if source is not None else None)  # its directory on sys.path
+            check_effects(effects, info.data["tables"], info.data.get("effect_modules") or [])
         return effects
 
     @model_validator(mode="after")

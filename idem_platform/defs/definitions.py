@@ -10,6 +10,7 @@ from typing import assert_never
 import dagster as dg
 
 from idem_platform.config import FileConnectorBase, IdemConfig, KafkaConnector
+from idem_platform.defs.effects import effects_definitions
 from idem_platform.defs.filedrop.definitions import filedrop_definitions
 from idem_platform.defs.kafka.definitions import kafka_definitions
 from idem_platform.defs.maintenance import ledger_purge
@@ -113,7 +114,7 @@ def build_definitions(
 
     ``postgres_url_env`` names the database (see :func:`resources_for`); ``job_suffix``
     is appended to the jobs made from the whole config (``idem_migrate``,
-    ``idem_retype``), so two components' jobs never share a name.
+    ``idem_retype``, ``idem_effects_deliver`` and its sensor), so two components' jobs never share a name.
     ``purge=False`` leaves out the database's ``ledger_purge_job`` and its hourly schedule
     (Dagster takes one job and schedule of a name: of the components on one database, one
     brings them).
@@ -138,6 +139,7 @@ def build_definitions(
         parts.append(rejects_definitions(config, connector, keys))  # <connector>_retry_rejects
     # idem/<record_type>: one asset per table, downstream of the connectors that write it.
     parts.append(dg.Definitions(assets=table_asset_specs(config, keys)))
+    parts.append(effects_definitions(config, keys, job_suffix))  # idem_effects_deliver, its sensor, effects_owed
     parts.append(user_definitions(config))
     purge_job, schedule = ledger_purge(keys)
     base = dg.Definitions(

@@ -62,3 +62,37 @@ def purge_delivered(conn: psycopg.Connection, older_than: timedelta) -> int:
     return conn.execute(
         "DELETE FROM idem.outbox WHERE status = 'delivered' AND delivered_at < now() - %s", [older_than]
     ).rowcount
+
+
+def owed(conn: psycopg.Connection, bounds: dict[str, float]) -> tuple[bool, dict[str, dict[str, Any]], list[str]]:
+    """What the effects named in ``bounds`` (effect -> ``warn_pending_after_seconds``) owe, judged.
+
+    Returns:
+        ``(fine, counts, problems)``: per effect its pending, delivered and failed rows and the
+        age of the oldest pending one (:func:`outbox_counts`; zeros for an effect with no row),
+        and one line per effect with failed rows or a pending row older than its bound.
+    """
+    found = outbox_counts(conn)
+    counts: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for name, bound in sorted(bounds.items()):
+        entry = found.get(name, {"pending": 0, "delivered": 0, "failed": 0, "oldest_pending_seconds": None})
+        counts[name] = entry
+        if entry["failed"]:
+            problems.append(f"{name}: {entry['failed']} failed (idem effects list --status failed)")
+        oldest = entry["oldest_pending_seconds"]
+        if oldest is not None and oldest > bound:
+            problems.append(f"{name}: oldest pending row is {oldest:.0f}s old (bound {bound:g}s)")
+    return not problems, counts, problems
+
+
+def due_rows(conn: psycopg.Connection, effects: list[str]) -> tuple[int, str | None]:
+    """How many rows of ``effects`` a dispatcher could claim now, and a digest of them (their keys
+    and tries: the same due set gives the same digest, a row due again after a try a new one)."""
+    row = conn.execute(
+        "SELECT count(*), md5(string_agg(key || ':' || attempts, ',' ORDER BY key)) FROM idem.outbox "
+        "WHERE status = 'pending' AND effect = ANY(%s) AND next_attempt_at <= now() "
+        "AND (claimed_until IS NULL OR claimed_until < now())",
+        [effects],
+    ).fetchone()
+    return (int(row[0]), row[1]) if row else (0, None)

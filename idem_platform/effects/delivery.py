@@ -18,6 +18,16 @@ key in flight), 429 and 5xx are transient: due again after ``Retry-After`` secon
 receiver says so, else after an exponential backoff with jitter, until ``max_attempts``
 tries in all. Any other status (a 4xx, a redirect: never followed) is permanent. A row
 parked as ``failed`` keeps the reason; ``idem effects retry`` makes it due again.
+
+**Functions.** A ``python:`` effect calls ``function(payload, key)`` through
+:func:`~idem_platform.idempotency.run_idempotently` in the ledger namespace
+``effects.<effect>`` under the minted key: its JSON result is recorded in the ledger in
+the transaction that ends the call, before the outbox row is marked delivered. A
+dispatcher that dies between the two leaves a row whose next claim *replays* the recorded
+result instead of calling the function again. One that dies while the function runs rolls
+the claim back with it: the function runs again (writes it made through ``conn`` are rolled
+back too; anything else it did must be idempotent by ``key``). A raised exception is
+released, not recorded, and retried like a transient answer until ``max_attempts``.
 """
 
 from __future__ import annotations
@@ -32,14 +42,22 @@ import urllib.request
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from http.client import HTTPException
 from typing import Any
 
 import psycopg
 
 from idem_platform.config.effects import MAX_RESPONSE_CHARS, EffectConfig
+from idem_platform.faults import checkpoint
+from idem_platform.idempotency import run_idempotently
 from idem_platform.postgres.connection import connect
 from idem_platform.redact import scrub
+
+EFFECTS_NAMESPACE = "effects"  # a function effect's ledger rows: effects.<effect name>
+# How long a function's recorded result is kept for a replay: as long as a row may stay owed
+# (a week of retries and parking), not the ledger's one-day default.
+FUNCTION_REPLAY_WINDOW = timedelta(days=30)
 
 _CLAIM = """
 WITH due AS (
@@ -81,10 +99,11 @@ class Answer:
     status: int | None
     text: str
     retry_after: float | None = None
+    done: bool = False  # a function effect returned (no HTTP status to judge)
 
     @property
     def delivered(self) -> bool:
-        return self.status is not None and 200 <= self.status < 300
+        return self.done or self.status is not None and 200 <= self.status < 300
 
     @property
     def transient(self) -> bool:
@@ -169,8 +188,9 @@ def _attempt(
         answer = Answer(None, "the dispatcher of the last try stopped before recording an answer")
         outcome, reason, delay = "failed", f"max_attempts ({effect.max_attempts}) reached: {answer.text}", None
     else:
-        answer = send(effect, key, payload)
+        answer = call(conn, effect, key, payload) if effect.python is not None else send(effect, key, payload)
         outcome, reason, delay = _judge(effect, answer, attempts)
+        checkpoint("effect_sent", effect=effect.name)
     status = {"retrying": "pending"}.get(outcome, outcome)
     recorded = conn.execute(
         _RECORD,
@@ -217,9 +237,30 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect)
 
 
+def call(conn: psycopg.Connection, effect: EffectConfig, key: str, payload: Any) -> Answer:
+    """One call of ``effect``'s function for the row ``key``, exactly once per key once it returned
+    (a recorded result is replayed); never raises: an exception is a transient answer."""
+    python = effect.python
+    assert python is not None  # noqa: S101 - the caller chose this path for a function effect
+    function = python.resolve()
+
+    def handler() -> dict[str, Any]:
+        return {"result": function(payload, key)}
+
+    try:
+        recorded = run_idempotently(
+            conn, f"{EFFECTS_NAMESPACE}.{effect.name}", key, payload, handler,
+            transient=(Exception,), replay_window=FUNCTION_REPLAY_WINDOW,
+        )
+    except Exception as error:  # noqa: BLE001 - the user's function: any failure is an answer to retry
+        return Answer(None, f"{type(error).__name__}: {error}")
+    return Answer(None, json.dumps(recorded.get("result"), ensure_ascii=False, default=str), done=True)
+
+
 def send(effect: EffectConfig, key: str, payload: Any) -> Answer:
     """One request of ``effect`` for the row ``key`` with body ``payload``; never raises."""
     http = effect.http
+    assert http is not None  # noqa: S101 - the caller chose this path for an HTTP effect
     request = urllib.request.Request(
         http.url,
         data=json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),

@@ -21,3 +21,5 @@ class OutboxRule:
     when: tuple[tuple[str, str, Any], ...]
     body: tuple[tuple[str, str], ...]
     key: tuple[str, ...]
+    # The effects_owed check's bound on the oldest pending row (evaluated after each commit).
+    warn_pending_after_seconds: float = 3600.0

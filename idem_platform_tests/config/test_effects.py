@@ -3,6 +3,8 @@ carry, and every mistake refused at load with the key at fault."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -52,7 +54,7 @@ def test_an_effect_loads_with_its_defaults_and_the_connector_carries_its_rule(mo
         ({"record_type": "other"}, "record_type 'other' is not in tables (thing)"),
         ({"key": ["connector", "external_id"]}, "key must include 'effect'"),
         ({"key": ["effect", "colour"]}, "key part 'colour' is neither a column of thing"),
-        ({"python": "my.module:fn"}, "not available in this release"),
+        ({"python": {"function": "json:dumps", "body": {"id": "external_id"}}}, "exactly one of http: (a request) and python:"),
         ({"results_table": "enriched"}, "not available in this release"),
         ({"lease_seconds": 5}, "lease_seconds (5) must be longer than http.timeout_seconds (10)"),
         ({"max_attempts": 0}, "effects[0].max_attempts"),
@@ -97,3 +99,45 @@ def test_an_unset_secret_and_a_twice_used_name_are_refused(monkeypatch: pytest.M
     data["effects"].append(dict(data["effects"][0]))
     with pytest.raises(ConfigError, match="effect name 'alert' is used twice"):
         parse_config(yaml.safe_dump(data))
+
+
+def _function_config(tmp_path: Path, function: str, modules: list[str]) -> Path:
+    """The base config with a function effect ``function``, its ``effect_modules``, and a module
+    ``fx_cfg_effects`` beside the file (the config's directory is on the import path)."""
+    (tmp_path / "fx_cfg_effects.py").write_text("def act(payload, key):\n    return {'ok': True}\nNOT_A_FUNCTION = 3\n")
+    data = yaml.safe_load(_with())
+    del data["effects"][0]["http"]
+    data["effects"][0]["python"] = {"function": function, "body": {"what": "name", "id": "external_id"}}
+    data["effect_modules"] = modules
+    path = tmp_path / "idem.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_function_effect_loads_from_a_listed_module(tmp_path: Path) -> None:
+    path = _function_config(tmp_path, "fx_cfg_effects:act", ["fx_cfg_effects"])
+    config = parse_config(path.read_text(), path)
+    (effect,) = config.effects
+    assert effect.http is None and effect.python is not None
+    assert effect.python.resolve()({"what": "x"}, "k") == {"ok": True}
+    (rule,) = config.connector("feed").effects
+    assert rule.body == (("id", "external_id"), ("what", "name")) and rule.warn_pending_after_seconds == 3600
+
+
+@pytest.mark.parametrize(
+    ("function", "modules", "message"),
+    [
+        ("fx_cfg_effects:act", [], "module 'fx_cfg_effects' is not listed in effect_modules (none)"),
+        ("fx_cfg_effects:missing", ["fx_cfg_effects"], "'fx_cfg_effects' has no function 'missing'"),
+        ("fx_cfg_effects:NOT_A_FUNCTION", ["fx_cfg_effects"], "has no function 'NOT_A_FUNCTION'"),
+        ("fx_cfg_nowhere:act", ["fx_cfg_nowhere"], "module 'fx_cfg_nowhere' cannot be imported (ModuleNotFoundError"),
+        ("not a function", ["fx_cfg_effects"], "effects[0].python.function"),
+    ],
+)
+def test_a_function_that_cannot_be_called_is_refused_at_load(
+    tmp_path: Path, function: str, modules: list[str], message: str
+) -> None:
+    path = _function_config(tmp_path, function, modules)
+    with pytest.raises(ConfigError) as raised:
+        parse_config(path.read_text(), path)
+    assert message in str(raised.value)

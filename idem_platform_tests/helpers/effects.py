@@ -38,10 +38,12 @@ def alert(url: str, **overrides: Any) -> dict[str, Any]:
     return effect
 
 
-def effects_config(directory: Path, pg_url: str, effects: list[dict[str, Any]]) -> IdemConfig:
-    """The example's file drop with ``effects``, written to ``directory/idem.yaml``, on an
-    emptied database with its tables synced."""
+def effects_config(directory: Path, pg_url: str, effects: list[dict[str, Any]], **top: Any) -> IdemConfig:
+    """The example's file drop with ``effects`` (and the top-level keys ``top``, e.g.
+    ``effect_modules``), written to ``directory/idem.yaml``, on an emptied database with its
+    tables synced."""
     data = yaml.safe_load(example_text())
+    data.update(top)
     data["effects"] = effects
     text = yaml.safe_dump(data, sort_keys=False)
     path = directory / "idem.yaml"
@@ -59,3 +61,40 @@ def outbox(pg_url: str) -> list[dict[str, Any]]:
     with connect(pg_url) as conn:
         rows = conn.execute(f"SELECT {', '.join(names)} FROM idem.outbox ORDER BY record_key, effect").fetchall()
     return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+FUNCTION_MODULE = """
+import json
+import os
+
+
+def enrich(payload, key):
+    \"\"\"Acts by appending a line to the file IDEM_TEST_EFFECT_LOG names; fails on 'boom'.\"\"\"
+    if payload.get("indicator") == "boom":
+        raise RuntimeError("the enrichment service refused boom")
+    with open(os.environ["IDEM_TEST_EFFECT_LOG"], "a", encoding="utf-8") as log:
+        log.write(json.dumps({"key": key, "payload": payload}) + "\\n")
+    return {"score": len(payload.get("indicator") or ""), "key": key[:8]}
+"""
+
+
+def function_module(directory: Path, name: str) -> str:
+    """Write the module ``name`` (its ``enrich`` function acts on a log file) beside the config."""
+    (directory / f"{name}.py").write_text(FUNCTION_MODULE, encoding="utf-8")
+    return name
+
+
+def enrich(module: str, **overrides: Any) -> dict[str, Any]:
+    """The ``enrich`` effect: indicators with confidence >= 80, to ``module:enrich``, fast retries."""
+    effect: dict[str, Any] = {
+        "name": "enrich",
+        "record_type": "indicator",
+        "when": {"field": "confidence", "gte": 80},
+        "python": {"function": f"{module}:enrich", "body": {"indicator": "name", "id": "external_id"}},
+        "max_attempts": 3,
+        "backoff_seconds": 0.05,
+        "max_backoff_seconds": 0.2,
+        "lease_seconds": 2,
+    }
+    effect.update(overrides)
+    return effect

@@ -18,10 +18,11 @@ import dagster as dg
 import psycopg
 
 from idem_platform.config import ConnectorConfig
+from idem_platform.defs.effects import bounds_by_table, owed_evaluations
 from idem_platform.defs.filedrop.partitions import files_by_partition
 from idem_platform.defs.resources import PostgresResource, SparkResource
 from idem_platform.defs.summary import REJECT_SAMPLE, batch_metadata, summary_metadata
-from idem_platform.defs.tables import table_materializations
+from idem_platform.defs.tables import record_type_of, table_materializations
 from idem_platform.pipeline.commit import CommitRequest, commit_batch
 from idem_platform.pipeline.ingest import CoercedBatch, check_cluster_reach
 from idem_platform.redact import secrets_kept
@@ -88,9 +89,35 @@ def committed_result(
             metadata = summary_metadata(
                 summary, rejects=_rejects(conn, summary.get("commit_id")), drop_dir=getattr(coerced.connector, "path", None)
             )
-    for event in _table_events(context, coerced, summary, postgres):
+    materializations = _table_events(context, coerced, summary, postgres)
+    for event in materializations:
         context.log_event(event)
+    for evaluation in _owed_events(context, coerced, materializations, postgres):
+        # The check is on the table asset, which this step reports but does not materialize: its
+        # evaluation is logged like the table's materialization (log_event takes AssetCheckEvaluation).
+        context.log_event(evaluation)
     return dg.MaterializeResult(metadata=metadata)
+
+
+def _owed_events(
+    context: dg.AssetExecutionContext,
+    coerced: CoercedBatch,
+    materializations: list[dg.AssetMaterialization],
+    postgres: PostgresResource,
+) -> list[dg.AssetCheckEvaluation]:
+    """``effects_owed`` of each table the commit wrote that has effects (after the commit that
+    added to what they owe). Like the materializations, a failure to read is logged, never fatal."""
+    bounds = bounds_by_table(coerced.connector.effects)
+    written = {record_type_of(event.asset_key) for event in materializations}
+    wanted = {rt: b for rt, b in bounds.items() if rt in written}
+    if not wanted:
+        return []
+    try:
+        with postgres.connection(autocommit=True) as conn:
+            return owed_evaluations(conn, wanted)
+    except psycopg.Error as exc:
+        context.log.warning("what the effects owe could not be read (%s)", exc)
+        return []
 
 
 def _per_file_metadata(
