@@ -32,9 +32,9 @@ demo: install
 typecheck: install
 	$(PY) -m mypy
 
-## test: the type check, then the whole suite on real PostgreSQL and Spark (what CI runs)
+## test: the type check, then the whole suite on real PostgreSQL and Spark (what CI runs), and its 25 slowest tests
 test: typecheck
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 ## test-pythons: pip install of the built wheel on Python 3.12 and 3.13 (pyenv or python3.X), and a fast subset on each
 test-pythons:

@@ -51,6 +51,7 @@ from idem_platform_tests.helpers.fuzz import (
     BASE_SPEC,
     FUZZ,
     STYLES,
+    WHOLE_FILES,
     Layout,
     Obj,
     Style,
@@ -208,7 +209,7 @@ def test_a_record_repeating_a_key_is_a_reject_naming_it(record: Obj, style: Styl
         assert reason["message"].startswith(f"object has the key {shown} {twice} (at $"), reason
 
 
-@FUZZ
+@WHOLE_FILES
 @given(lines=lines_of_a_file, bom=st.booleans(), newline_at_end=st.booleans(), layout=layouts)
 def test_every_non_blank_line_gets_exactly_one_outcome(
     scratch: Path, lines: list[bytes], bom: bool, newline_at_end: bool, layout: Layout
@@ -233,7 +234,7 @@ def test_every_non_blank_line_gets_exactly_one_outcome(
         assert alone["_errors"] is None and alone["_idempotency_key"] in staged
 
 
-@FUZZ
+@WHOLE_FILES
 @given(line=any_line, others=lines_of_a_file.filter(bool), layout=layouts, bom=st.booleans(), newline_at_end=st.booleans())
 def test_a_line_gets_the_same_outcome_wherever_it_stands(
     scratch: Path, line: bytes, others: list[bytes], layout: Layout, bom: bool, newline_at_end: bool

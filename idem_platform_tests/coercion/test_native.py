@@ -43,6 +43,7 @@ from idem_platform_tests.helpers.fuzz import (
     CLEAN_VALUE,
     FUZZ,
     STYLES,
+    WHOLE_FILES,
     Obj,
     any_line,
     dump,
@@ -214,7 +215,7 @@ def test_coerce_batch_is_the_same_with_the_c_path(lines: list[bytes], layout: An
 
 
 @needs_native
-@FUZZ
+@WHOLE_FILES
 @given(lines=st.lists(structured_lines, max_size=12), repeats=st.booleans(), contract=st.sampled_from(["evolve", "strict", "drop"]))
 def test_contracts_and_fixed_types_are_the_same_with_the_c_path(lines: list[bytes], repeats: bool, contract: str) -> None:
     spec = replace(BASE_SPEC, contracts={name: contract for name in BASE_SPEC.tables}, declared_version=None)

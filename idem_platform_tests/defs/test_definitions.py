@@ -328,7 +328,7 @@ def test_idem_dev_stops_everything_it_started_on_sigterm(
             except OSError:
                 pass
             assert time.monotonic() < deadline, "the webserver never answered"
-            time.sleep(1)
+            time.sleep(0.25)
         family = psutil.Process(process.pid).children(recursive=True)
         assert len(family) >= 3  # dagster dev, its webserver, its daemon (and code servers)
         assert (home / "dagster.yaml").is_file()

@@ -39,7 +39,11 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-FUZZ = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+FUZZ = settings.get_profile(PROFILE)
+# The slowest properties (each example reads or coerces a whole generated file, twice): CI runs
+# half the ci profile's examples of them; any other profile (``make fuzz``) runs its full count.
+WHOLE_FILES = settings(FUZZ, max_examples=max(FUZZ.max_examples // 2, 1)) if PROFILE == "ci" else FUZZ
 
 PREFIX = "0123456789abcdef#L"
 CONFIG = load_config(EXAMPLE_CONFIG)

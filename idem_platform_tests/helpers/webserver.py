@@ -68,7 +68,7 @@ def _wait_until_loaded(process: subprocess.Popen[bytes], api: GraphQL, log: Path
         except OSError:
             pass
         assert time.monotonic() < deadline, f"the webserver never loaded its code location: {log.read_text()[-3000:]}"
-        time.sleep(1)
+        time.sleep(0.25)
 
 
 @contextmanager

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from idem_platform.coercion.records import coerce_batch
-from idem_platform.config import IdemConfig
+from idem_platform.config import IdemConfig, load_config
 from idem_platform.contract.catalog import table_name
-from idem_platform.pipeline.ingest import record_spec
+from idem_platform.pipeline.ingest import prepare_tables, record_spec
 from idem_platform.postgres import connect
 from idem_platform.postgres.connection import is_unix_socket_url
 from idem_platform.samples import threatfeed_lines, write_lines
@@ -29,6 +29,7 @@ from idem_platform_tests.helpers.batches import lines_batch
 from idem_platform_tests.helpers.config import example_text
 from idem_platform_tests.helpers.database import reset_database
 from idem_platform_tests.helpers.faults import wait_until_staging
+from idem_platform_tests.helpers.ingest import ingest as ingest_in_process
 from idem_platform_tests.helpers.kafka import expected_outcome, kafka_config
 from idem_platform_tests.helpers.kafka_broker import Broker, create_topic, produce, spread
 from idem_platform_tests.helpers.spark_cluster import (
@@ -130,19 +131,21 @@ def assert_exactly_once(pg_url: str, summary: dict[str, Any], lines: list[str], 
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'idem_staging'").fetchone() == (0,)
 
 
-def test_cluster_gives_the_same_keys_and_counts_as_local(cluster: SparkCluster, tcp_pg: str, tmp_path: Path) -> None:
+def test_cluster_gives_the_same_keys_and_counts_as_local(cluster: SparkCluster, tcp_pg: str, tmp_path: Path, spark: Any) -> None:
     lines = list(threatfeed_lines(30_000, seed=21, duplicate_ratio=0.1, bad_ratio=0.01))
     file = write_lines(tmp_path / "drop" / "feed.ndjson", lines)
-    local = write_config(tmp_path / "local", "local[2]", {"spark.ui.enabled": "false"})
-    code, local_summary, err = finish(ingest(local, file, tcp_pg, tmp_path / "home-local"))
-    assert code == 0, err[-3000:]
+    # The local reference on the session's own local[2] Spark, in process (no second `idem
+    # ingest` to start): the same config but for its master, the same write path.
+    local = load_config(write_config(tmp_path / "local", "local[2]", {"spark.ui.enabled": "false"}))
+    prepare_tables(tcp_pg, local, local.connector("threatfeed"))
+    local_summary = ingest_in_process(tcp_pg, local, spark, file)
     local_keys = stored_keys(tcp_pg)
 
     reset_database(tcp_pg)
     remote = write_config(tmp_path / "remote", cluster.master_url, cluster.session_conf())
     code, remote_summary, err = finish(ingest(remote, file, tcp_pg, tmp_path / "home-remote"))
     assert code == 0, err[-3000:]
-    assert local_summary is not None and remote_summary is not None
+    assert remote_summary is not None
     for key in ("rows_written", "rows_skipped", "rows_rejected", "tables"):
         assert remote_summary[key] == local_summary[key], key
     assert stored_keys(tcp_pg) == local_keys

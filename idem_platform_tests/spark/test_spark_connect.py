@@ -201,20 +201,6 @@ def test_the_servers_python_workers_fork_from_a_daemon_that_imported_the_staging
     assert "pgpq" in maps and "_native" in maps  # the staging path's extensions, loaded before any fork
 
 
-def test_a_runs_warm_up_brings_back_the_workers_spark_killed_after_a_minute_idle(server: dict[str, object]) -> None:
-    """Spark kills a Python worker idle for a minute; a run's warm-up (started while its driver
-    imports Dagster) runs a trivial job on the server, so its staging jobs find workers up."""
-    (daemon,) = [pid for pid in _children(int(server["pid"])) if b"daemon" in _command(pid)]  # type: ignore[arg-type]
-    deadline = time.monotonic() + 150
-    while _children(daemon) and time.monotonic() < deadline:
-        time.sleep(2)
-    assert not _children(daemon), "Spark kept its idle Python workers for over two minutes"
-    code = "import sys\nfrom idem_platform.spark.session import warm_up\nwarm_up({'spark.remote': sys.argv[1]}).join(120)\n"
-    done = subprocess.run([sys.executable, "-c", code, str(server["url"])], capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert _children(daemon), "the warm-up left the server without Python workers"
-
-
 def _children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -497,3 +483,21 @@ def test_an_ingest_whose_server_is_absent_fails_with_one_line_and_no_grpc_log(
     assert f":{port}: Failed to connect to remote host: Connection refused)" in lines[-1], lines[-1]
     assert [line for line in lines[:-1] if not line.startswith("threatfeed__")] == [], lines
     assert _rows(pg_url) == 0
+
+
+def test_a_runs_warm_up_brings_back_the_workers_spark_killed_after_a_minute_idle(server: dict[str, object]) -> None:
+    """Spark kills a Python worker idle for a minute; a run's warm-up (started while its driver
+    imports Dagster) runs a trivial job on the server, so its staging jobs find workers up.
+
+    Last in this module on purpose: the tests above that do not use the module's server
+    take longer than Spark's minute, so its workers are usually gone already instead of
+    this test waiting that minute out on its own."""
+    (daemon,) = [pid for pid in _children(int(server["pid"])) if b"daemon" in _command(pid)]  # type: ignore[arg-type]
+    deadline = time.monotonic() + 150
+    while _children(daemon) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _children(daemon), "Spark kept its idle Python workers for over two minutes"
+    code = "import sys\nfrom idem_platform.spark.session import warm_up\nwarm_up({'spark.remote': sys.argv[1]}).join(120)\n"
+    done = subprocess.run([sys.executable, "-c", code, str(server["url"])], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _children(daemon), "the warm-up left the server without Python workers"
