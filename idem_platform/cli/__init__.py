@@ -77,8 +77,12 @@ for _command in (
     idem.add_command(_command)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``idem`` with ``argv`` (default: the process's arguments); return the exit status."""
+def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int:
+    """Run ``idem`` with ``argv`` (default: the process's arguments); return the exit status.
+
+    ``own_process``: the command is the process (the console script), so on failure its
+    Spark session is stopped before the error line (:func:`stop_spark_before_failing`).
+    """
     remember_url(postgres_url_from_environment())  # no message below may show its password
     remember_url(spark_remote_from_environment())  # nor a Spark Connect server's token
     quiet_spark_connect_client()  # nor PySpark's gRPC error log come before it
@@ -90,16 +94,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.ClickException as exc:  # a usage error: Click's usage text, exit status 2
         exc.show()
         return exc.exit_code
-    except (IdemError, CommandError) as exc:
-        return fail(str(exc), worth_tracing(exc) if invocation.verbose else None)
     except (KeyboardInterrupt, click.exceptions.Abort):
         return 130
-    except psycopg.OperationalError as exc:  # PostgreSQL down or unreachable: no bug, one line
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return fail(f"PostgreSQL unreachable: {first}", traceback_text(exc) if invocation.verbose else None)
-    except Exception as exc:  # noqa: BLE001 - anything unforeseen: one line, the traceback in a file
-        return fail(unexpected(exc), traceback_text(exc) if invocation.verbose else None)
+    except Exception as exc:  # noqa: BLE001 - every failure is one line (the traceback with --verbose)
+        if own_process:
+            stop_spark_before_failing()
+        return fail(*_failure(exc, verbose=invocation.verbose))
     return emit(output, invocation.json)
+
+
+def _failure(exc: Exception, *, verbose: bool) -> tuple[str, str | None]:
+    """The one error line for ``exc`` and, with ``--verbose``, what to write before it."""
+    if isinstance(exc, IdemError | CommandError):
+        return str(exc), worth_tracing(exc) if verbose else None
+    if isinstance(exc, psycopg.OperationalError):  # PostgreSQL down or unreachable: no bug, one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"PostgreSQL unreachable: {first}", traceback_text(exc) if verbose else None
+    return unexpected(exc), traceback_text(exc) if verbose else None  # anything unforeseen
+
+
+def stop_spark_before_failing() -> None:
+    """Stop this process's Spark session, if it built one, so the JVM's last log lines (the
+    failed job's other tasks) come before the error line, which stays stderr's last."""
+    session = sys.modules.get("idem_platform.spark.session")  # never imported: no Spark to stop
+    if session is not None:
+        session.stop_built_session()
 
 
 def _invoke(argv: Sequence[str] | None, invocation: Invocation) -> Any:
@@ -113,4 +132,4 @@ def run() -> None:
     """The ``idem`` console script (and ``python -m idem_platform.cli``): files it and the
     processes it starts create are their owner's only (:func:`restrict_umask`)."""
     restrict_umask()
-    exit_process(main())
+    exit_process(main(own_process=True))

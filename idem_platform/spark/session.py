@@ -119,6 +119,28 @@ def session_built() -> bool:
     return bool(_built)
 
 
+def stop_built_session(timeout: float = 30.0) -> None:
+    """Stop the session this process built (nothing when it built none), waiting at most
+    ``timeout`` seconds.
+
+    For a command that failed, in its own process: a local JVM goes on running the failed
+    job's other tasks and logs their errors on the stderr it shares with ``idem``; stopped
+    first, it says its last words before the command's one error line, not after it.
+    """
+    if not _built:
+        return
+
+    def stop() -> None:
+        try:
+            _built[0].stop()
+        except Exception:  # noqa: BLE001 - a session that cannot stop is left to the process's exit
+            return
+
+    thread = threading.Thread(target=stop, name="idem-spark-stop", daemon=True)
+    thread.start()
+    thread.join(timeout)
+
+
 def build_session(conf: Mapping[str, str] | None = None, *, long_lived: bool = False) -> SparkSession:
     """The process's SparkSession with idem's defaults under ``conf``.
 
