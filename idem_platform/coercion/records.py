@@ -820,10 +820,11 @@ class _Batch:
         raw_lengths = batch.column("_raw_length").to_numpy(zero_copy_only=False)
         if spec.lines:
             raw_lengths = _without_file_bom(raws, offsets, raw_lengths)
+        # A Debezium row image has no id, type or version field: every field of it is the row's.
         ignored = frozenset(
-            spec.ignored_fields | {spec.id_field, spec.version_field}
+            spec.ignored_fields
+            | ({rules.DEBEZIUM_OP} if spec.debezium else {spec.id_field, spec.version_field})
             | ({spec.record_type_field} if spec.record_type_field else set())
-            | ({rules.DEBEZIUM_OP} if spec.debezium else set())
         )
         return cls(
             spec=spec, repeats=repeats, raws=raws, offsets=offsets,

@@ -166,9 +166,9 @@ class IdemConfig(ConfigModel):
     def _check_debezium(self) -> None:
         """A table fed by a ``format: debezium`` connector is ``mode: upsert`` with an
         ``identity`` (the row's primary-key fields) and no ``order_by``, ``delete_when`` or
-        ``dynamic`` column (its order is the source position, ``op: d`` its delete, and the
-        envelope in ``_payload`` is not the row), and no other connector writes it; an upsert
-        table without ``order_by`` is such a table."""
+        ``dynamic`` column or schema version bump (its order is the source position, ``op: d``
+        its delete, and the envelope in ``_payload`` is not the row), and no other connector
+        writes it; an upsert table without ``order_by`` is such a table."""
         fed = {c.record_type: c.name for c in self.connectors if c.debezium and c.record_type is not None}
         for name, feeder in fed.items():
             table = self.tables[name]
@@ -179,6 +179,8 @@ class IdemConfig(ConfigModel):
                 problem = "takes no order_by or delete_when (the order is the source position, op d deletes)"
             elif any(ColumnType.parse(c.type).kind == "dynamic" for c in table.columns.values()):
                 problem = "has no dynamic columns on a Debezium feed"
+            elif table.schema_version != 1:
+                problem = "stays at schema_version 1 (migrations read _payload, which holds the change event, not the row)"
             if problem is not None:
                 raise ValueError(f"tables.{name} (fed by format: debezium connector {feeder!r}) {problem}")
         for connector in self.connectors:

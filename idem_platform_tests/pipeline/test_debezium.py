@@ -154,6 +154,8 @@ _CONNECTOR = "connectors:\n  - {{name: cdc, kind: {kind}, path: drop, format: de
          "takes no order_by or delete_when"),
         (_CONNECTOR.format(kind="filedrop", route="record_type: customers"), TABLE + "      tags: dynamic\n",
          "has no dynamic columns"),
+        (_CONNECTOR.format(kind="filedrop", route="record_type: customers"),
+         TABLE.replace("    identity: [id]\n", "    identity: [id]\n    schema_version: 2\n"), "stays at schema_version 1"),
         (_CONNECTOR.format(kind="filedrop", route="record_type: customers")
          + "  - {name: other, kind: filedrop, path: other, record_type_field: type}\n", TABLE,
          "connector 'other' could write tables.customers"),
@@ -180,6 +182,8 @@ def test_a_version_is_the_row_image_at_its_position_whatever_the_timestamps_or_t
     assert plain[0] == {**ANNE_MARIE, rules.DEBEZIUM_OP: "u"} and plain[2] == "1"
     moved = rules.debezium_version(event("u", 24023161, after=ANNE_MARIE), ("id",))
     assert moved[1] != plain[1]  # another position: another version
+    composite = rules.debezium_version(event("u", 24023160, after=ANNE_MARIE), ("id", "first_name"))
+    assert composite[2] == '[1,"Anne Marie"]'
 
 
 @pytest.mark.parametrize(
@@ -239,6 +243,15 @@ def test_a_delete_before_its_insert_keeps_the_row_deleted(pg_url: str, tmp_path:
     assert rows(pg_url, "SELECT id, _deleted, _order FROM idem.customers_state") == [(7, True, 300)]
     ingest_records(pg_url, config, spark, "cdc", "3.ndjson", [event("c", 400, after=customer(7, "Back", "b@example.com"))])
     assert current(pg_url) == {7: customer(7, "Back", "b@example.com")}
+
+
+def test_any_split_and_order_of_the_events_gives_the_source_table(pg_url: str, tmp_path: Path, spark: Any) -> None:
+    config = config_at(tmp_path, pg_url)
+    backwards = list(reversed(EVENTS))
+    ingest_records(pg_url, config, spark, "cdc", "1.ndjson", backwards[:2] + backwards[3:4])
+    ingest_records(pg_url, config, spark, "cdc", "2.ndjson", backwards[2:] + backwards[:1])
+    assert current(pg_url) == source_table(EVENTS)
+    assert rows(pg_url, "SELECT count(*) FROM idem.customers") == [(5,)]
 
 
 # --- end to end: Kafka ---------------------------------------------------------------------------
