@@ -296,10 +296,10 @@ def debezium_version(record: dict[str, Any], identity: tuple[str, ...]) -> tuple
         raise line_error("debezium", f"not a Debezium change event: op is {shown} (expected c, u, r, d or t)", "op")
     source = event.get("source")
     lsn = source.get("lsn") if isinstance(source, dict) else None
-    if type(lsn) is not int or lsn < 0:
+    if type(lsn) is not int or not 0 <= lsn < 1 << 63:  # the state keeps it as a bigint
         raise line_error(
             "position",
-            "source.lsn is missing or not a non-negative integer: idem orders Debezium events by the PostgreSQL "
+            "source.lsn is missing or not an integer from 0 to 2^63-1: idem orders Debezium events by the PostgreSQL "
             "connector's source.lsn (events without it, e.g. MySQL's, have no position idem can compare)",
             "source.lsn",
         )

@@ -192,6 +192,8 @@ def test_a_version_is_the_row_image_at_its_position_whatever_the_timestamps_or_t
         ({"op": "t", "before": None, "after": None}, "truncate"),
         ({"op": "m"}, "debezium"),
         ({"source": {"connector": "mysql", "file": "mysql-bin.000003", "pos": 154}}, "position"),
+        ({"source": {"lsn": "24023128"}}, "position"),
+        ({"source": {"lsn": 1 << 63}}, "position"),
         ({"after": None}, "debezium"),
         ({"after": {"first_name": "no id"}}, "identity"),
         ({"op": "d", "before": None, "after": None}, "debezium"),
