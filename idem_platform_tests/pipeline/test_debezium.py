@@ -243,8 +243,10 @@ def test_a_delete_before_its_insert_keeps_the_row_deleted(pg_url: str, tmp_path:
     assert (older["tables"]["customers"]["stale"], older["tables"]["customers"]["inserted"]) == (2, 0)
     assert current(pg_url) == {}
     assert rows(pg_url, "SELECT id, _deleted, _order FROM idem.customers_state") == [(7, True, 300)]
-    ingest_records(pg_url, config, spark, "cdc", "3.ndjson", [event("c", 400, after=customer(7, "Back", "b@example.com"))])
+    back = {**customer(7, "Back", "b@example.com"), "phone": "555-0100"}  # a column the source table gained
+    ingest_records(pg_url, config, spark, "cdc", "3.ndjson", [event("c", 400, after=back)])
     assert current(pg_url) == {7: customer(7, "Back", "b@example.com")}
+    assert rows(pg_url, "SELECT phone FROM idem.customers_current") == [("555-0100",)]  # evolved as a column
 
 
 def test_any_split_and_order_of_the_events_gives_the_source_table(pg_url: str, tmp_path: Path, spark: Any) -> None:
