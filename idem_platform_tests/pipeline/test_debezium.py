@@ -268,14 +268,15 @@ def test_a_topic_read_twice_or_after_an_offset_reset_leaves_the_source_table(
     from idem_platform_tests.helpers.kafka_broker import create_topic, produce
 
     config = config_at(tmp_path, pg_url, KAFKA.replace("{bootstrap}", kafka_broker.bootstrap).replace("{topic}", topic))
-    create_topic(kafka_broker.bootstrap, topic, 1)
+    create_topic(kafka_broker.bootstrap, topic, 2)
     messages: list[tuple[int, bytes | None, bytes | None, None]] = []
     for e in EVENTS:
         envelope = rules.debezium_envelope(e)
-        key = json.dumps({"id": (envelope["after"] or envelope["before"])["id"]}).encode()
-        messages.append((0, key, json.dumps(e).encode(), None))
+        id_ = (envelope["after"] or envelope["before"])["id"]
+        key = json.dumps({"id": id_}).encode()  # Debezium's message key: the primary key; a partition per key
+        messages.append((id_ % 2, key, json.dumps(e).encode(), None))
         if envelope["op"] == "d":
-            messages.append((0, key, None, None))  # the tombstone that follows a delete
+            messages.append((id_ % 2, key, None, None))  # the tombstone that follows a delete
     produce(kafka_broker.bootstrap, topic, messages)
     first = ingest_kafka(pg_url, config, spark, "cdc")
     assert (first["rows_written"], first["rows_rejected"], first["tombstones_skipped"]) == (5, 0, 1)
