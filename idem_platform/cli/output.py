@@ -109,6 +109,8 @@ def human_summary(summary: dict[str, Any]) -> str:
     if summary.get("replay_skipped"):
         committed = ", ".join(str(u) for u in summary.get("already_committed") or [])
         lines.append(f"  {summary['replay_skipped']:,} of the skipped are records of files committed before: {committed}")
+    if summary.get("tombstones_skipped"):
+        lines.append(f"  {summary['tombstones_skipped']:,} of the skipped are Kafka tombstones (expected after Debezium deletes)")
     if summary.get("rows_rejected"):
         lines.append(f"  {summary['rows_rejected']:,} records rejected: idem rejects --commit {summary.get('commit_id')}")
     if summary.get("effects_created"):

@@ -93,6 +93,10 @@ class RecordSpec:
             (``None``: the table's current one).
         migrations: what upgrades a record older than its table (imported lazily, on
             the first such record a worker sees).
+        debezium: records are Debezium change events (``format: debezium``): a record's
+            version is its row image at its source position (:func:`rules.debezium_version`),
+            and a message without a value (the tombstone after a delete) is skipped and
+            counted (:attr:`RepeatedLines.tombstones`), not a reject.
     """
 
     connector: str
@@ -114,6 +118,7 @@ class RecordSpec:
     version_field: str = "schema_version"
     declared_version: int | None = None
     migrations: MigrationSource = field(default_factory=MigrationSource)
+    debezium: bool = False
 
     def contract(self, record_type: str) -> str:
         """The schema contract of ``record_type`` (see ``contracts``)."""
@@ -196,11 +201,17 @@ class _TableRows:
         """A delete of an upsert table (``delete_when``) needs its identity and order, not
         the other required columns: a change feed's delete carries little more than its key."""
         upsert = self.spec.upsert
-        if upsert is None or upsert.delete_field is None or upsert.delete_equals is None or not errors:
+        if upsert is None or not errors:
             return
-        equals = json.loads(upsert.delete_equals)
+        if upsert.debezium:
+            field_name: str = rules.DEBEZIUM_OP
+            equals: Any = "d"
+        elif upsert.delete_field is not None and upsert.delete_equals is not None:
+            field_name, equals = upsert.delete_field, json.loads(upsert.delete_equals)
+        else:
+            return
         for index in list(errors):
-            if not json_equal(self.records[index].get(upsert.delete_field, _MISSING), equals):
+            if not json_equal(self.records[index].get(field_name, _MISSING), equals):
                 continue
             kept = [e for e in errors[index] if e.get("rule") != "required"]
             if kept:
@@ -264,6 +275,12 @@ class RepeatedLines:
         self.keys: dict[str, str | int] = {}
         self.unique = True
         self.skipped: dict[str, int] = {}
+        self.tombstones = 0  # of ``skipped``: Kafka tombstones of a Debezium feed
+
+    def tombstone(self, record_type: str) -> None:
+        """A message without a value on a Debezium feed (the one that follows a delete)."""
+        self.count(record_type)
+        self.tombstones += 1
 
     def count(self, record_type: str) -> None:
         self.skipped[record_type] = self.skipped.get(record_type, 0) + 1
@@ -330,6 +347,7 @@ def direct_supported(spec: RecordSpec) -> bool:
         and not spec.dynamic_values
         and spec.declared_version is None
         and not spec.keep_meta
+        and not spec.debezium
         and all(c.type.kind in _DIRECT_KINDS for t in spec.tables.values() for c in t.columns)
     )
 
@@ -400,7 +418,7 @@ def _line_facts(state: _Batch, direct: bool) -> native.LineFacts:
     raws, repeats, n = state.raws, state.repeats, len(state.raws)
     if repeats is not None:
         state.known_lines = list(map(repeats.seen.get, raws))  # type: ignore[arg-type]  # a None line is in no memory
-    if not native.enabled():
+    if not native.enabled() or state.spec.debezium:  # a change event's version is read in Python
         return native.LineFacts(bytearray(n), [None] * n, [None] * n, [None] * n, [None] * n, [None] * n)
     known, skipped = state.known_lines, set(state.too_long)
     if known is not None:
@@ -461,9 +479,14 @@ def _line_parser(state: _Batch, facts: native.LineFacts) -> Callable[[int], None
     noun, too_long, raw_lengths, limit = state.spec.noun, state.too_long, state.raw_lengths, state.spec.max_line_bytes
     identify, fate = _identifier(state, facts), state.fate
     sha1 = hashlib.sha1
+    debezium = _debezium_reader(state, facts)
 
     def parse(i: int) -> None:
         raw = raws[i]
+        if raw is None and debezium is not None:
+            if state.repeats is not None:
+                state.repeats.tombstone(state.spec.record_type or "")
+            return  # a tombstone: expected after a delete, no record
         blank = not raw or raw.isspace()
         if blank and lines and raw is not None:
             return  # a blank line is not a record (its number still counts)
@@ -480,7 +503,10 @@ def _line_parser(state: _Batch, facts: native.LineFacts) -> Callable[[int], None
                     "too_long", f"{noun} is {int(raw_lengths[i])} bytes long; the limit is {limit} (max_line_bytes)"
                 )
             facts.records[i], canonical = rules.parsed(raw, noun)
+            if debezium is not None:
+                canonical = debezium(i)
         except rules.Reject as reject:
+            facts.records[i] = None
             fate[i] = _REJECT
             state.errors[i] = json.dumps(reject.errors, ensure_ascii=False)
             return
@@ -488,6 +514,29 @@ def _line_parser(state: _Batch, facts: native.LineFacts) -> Callable[[int], None
         identify(i)
 
     return parse
+
+
+def _debezium_reader(state: _Batch, facts: native.LineFacts) -> Callable[[int], bytes] | None:
+    """``version(i)`` of a Debezium feed (else ``None``): line ``i``'s parsed event becomes
+    its row image (``facts.records``), external id (``facts.ids``) and the row image as
+    ``_upgraded`` (what the apply reads values from in place of the envelope); returns the
+    canonical bytes of the normalized version (the key's and hash's), or rejects."""
+    spec = state.spec
+    if not spec.debezium or spec.record_type is None:
+        return None
+    record_type = spec.record_type
+    upsert = spec.tables[record_type].upsert
+    assert upsert is not None and upsert.debezium  # the config refuses a Debezium feed of any other table
+    identity, current = upsert.identity, state.currents[record_type]
+
+    def version(i: int) -> bytes:
+        record, canonical, ext = rules.debezium_version(facts.records[i], identity)  # type: ignore[arg-type]
+        facts.records[i], facts.ids[i] = record, ext
+        image = {k: v for k, v in record.items() if k != rules.DEBEZIUM_OP}
+        state.upgraded[i] = (current, record, rules.canonical_value_bytes(image).decode("utf-8"))
+        return canonical
+
+    return version
 
 
 def _identifier(state: _Batch, facts: native.LineFacts) -> Callable[[int], None]:
@@ -501,10 +550,14 @@ def _identifier(state: _Batch, facts: native.LineFacts) -> Callable[[int], None]
     prefixes = [prefix for prefix, _ in spec.units]
     records, digests, types, ids, fate, errors = facts.records, facts.digests, facts.types, facts.ids, state.fate, state.errors
     positional = state.positional
+    debezium = spec.debezium
 
     def identify(i: int) -> None:
         record, digest = records[i], digests[i]
         assert record is not None and digest is not None
+        if debezium:  # routed, identified and at its version by the change event (_debezium_reader)
+            fate[i], types[i] = _ROW, fixed_type
+            return
         try:
             # The common cases inline (a type of the connector, a plain id, no version stated or
             # declared): every other value goes to the rule itself, which decides it.
@@ -767,8 +820,10 @@ class _Batch:
         raw_lengths = batch.column("_raw_length").to_numpy(zero_copy_only=False)
         if spec.lines:
             raw_lengths = _without_file_bom(raws, offsets, raw_lengths)
+        # A Debezium row image has no id, type or version field: every field of it is the row's.
         ignored = frozenset(
-            spec.ignored_fields | {spec.id_field, spec.version_field}
+            spec.ignored_fields
+            | ({rules.DEBEZIUM_OP} if spec.debezium else {spec.id_field, spec.version_field})
             | ({spec.record_type_field} if spec.record_type_field else set())
         )
         return cls(

@@ -262,3 +262,59 @@ def unknown_field_errors(record: dict[str, Any], skip: frozenset[str], record_ty
             f"{record_type} (schema_contract: strict)",
         })
     return errors
+
+
+# Debezium change events (``format: debezium``): what an event's version is.
+DEBEZIUM_OP = "__debezium_op"  # the event's op, beside the row image in the record the batch types
+DEBEZIUM_OPS = ("c", "u", "r", "d")
+
+
+def debezium_envelope(record: dict[str, Any]) -> dict[str, Any]:
+    """The change event inside the JSON converter's ``{schema, payload}`` wrapper, or the
+    record itself (no wrapper). The same rule reads ``_payload`` in PostgreSQL
+    (:func:`idem_platform.postgres.current.debezium_envelope_sql`)."""
+    payload = record.get("payload")
+    return payload if "schema" in record and isinstance(payload, dict) else record
+
+
+def debezium_version(record: dict[str, Any], identity: tuple[str, ...]) -> tuple[dict[str, Any], bytes, str]:
+    """A Debezium change event's version: ``(its row image with its op under DEBEZIUM_OP,
+    the canonical bytes of the normalized version, its external id)``, or the reject.
+
+    The version is ``{op, lsn, row}``: the op, the source position (``source.lsn`` of the
+    PostgreSQL connector) and the row image (``after``; ``before`` for a delete). Its
+    canonical bytes make the record key and content hash, so an event re-sent with other
+    timestamps (``ts_ms``, ``source.ts_ms``) or with(out) the schema wrapper is the same
+    version. The external id is the identity fields' values (JSON text of the list when
+    there are several). ``op: t`` (truncate) is a reject: idem does not apply truncates."""
+    event = debezium_envelope(record)
+    op = event.get("op")
+    if op == "t":
+        raise line_error("truncate", "op t (truncate): idem does not apply truncates (the table's current rows stay)", "op")
+    if op not in DEBEZIUM_OPS:
+        shown = json.dumps(op, ensure_ascii=False)[:40]
+        raise line_error("debezium", f"not a Debezium change event: op is {shown} (expected c, u, r, d or t)", "op")
+    source = event.get("source")
+    lsn = source.get("lsn") if isinstance(source, dict) else None
+    if type(lsn) is not int or not 0 <= lsn < 1 << 63:  # the state keeps it as a bigint
+        raise line_error(
+            "position",
+            "source.lsn is missing or not an integer from 0 to 2^63-1: idem orders Debezium events by the PostgreSQL "
+            "connector's source.lsn (events without it, e.g. MySQL's, have no position idem can compare)",
+            "source.lsn",
+        )
+    image = event.get("before" if op == "d" else "after")
+    if not isinstance(image, dict):
+        which = "before (a delete's row image: REPLICA IDENTITY must not be NOTHING)" if op == "d" else "after"
+        raise line_error("debezium", f"op {op}: {which} is not an object", which.split()[0])
+    values = [image.get(name) for name in identity]
+    try:
+        texts = [ext_id_text(value) for value in values]
+    except TypeError as exc:
+        raise line_error("identity", f"identity field {exc}") from None
+    missing = [name for name, text in zip(identity, texts, strict=True) if not text]
+    if missing:
+        raise line_error("identity", f"the row image has no value for identity field {missing[0]!r}", missing[0])
+    canonical = canonical_value_bytes({"lsn": lsn, "op": op, "row": image})
+    ext = texts[0] if len(texts) == 1 and texts[0] else canonical_value_bytes(values).decode("utf-8")
+    return {**image, DEBEZIUM_OP: op}, canonical, ext

@@ -220,6 +220,28 @@ class ConnectorBase(ConfigModel):
         """The table column that keeps the records' source metadata, if any (only Kafka's)."""
         return None
 
+    @property
+    def debezium(self) -> bool:
+        """Whether the records are Debezium change events (``format: debezium``: filedrop, kafka)."""
+        return getattr(self, "format", "json") == "debezium"
+
+    def _debezium_problem(self) -> str | None:
+        """A Debezium connector writes one fixed record type (an upsert table keyed by the row's
+        primary key) and states no schema_version (the row image is the table's current shape)."""
+        if not self.debezium:
+            return None
+        if self.record_type is None:
+            return "format: debezium needs a fixed 'record_type' (the upsert table the change events keep current)"
+        if self.schema_version is not None:
+            return "format: debezium takes no 'schema_version' (a row image is at its table's current version)"
+        return None
+
+
+_FORMAT_HELP = (
+    "json: each record is a JSON object; debezium: each record is a Debezium change event "
+    "(docs/kafka.md): its row image is the version, op d deletes, source.lsn orders."
+)
+
 
 class FileConnectorBase(ConnectorBase):
     """A connector whose records arrive as files in ``path``: dropped there (filedrop) or
@@ -256,6 +278,10 @@ class FileDropConnector(FileConnectorBase):
     needs_path: ClassVar[str] = "a filedrop connector needs 'path' (the watched directory)"
 
     kind: Literal["filedrop"] = "filedrop"
+    format: Literal["json", "debezium"] = Field("json", description=f"filedrop, kafka: {_FORMAT_HELP}")
+
+    def _problem(self) -> str | None:
+        return super()._problem() or self._debezium_problem()
 
 
 class PushConnectorBase(FileConnectorBase):
@@ -295,6 +321,7 @@ class KafkaConnector(ConnectorBase):
     default_contract: ClassVar[SchemaContract] = "drop"
 
     kind: Literal["kafka"] = "kafka"
+    format: Literal["json", "debezium"] = Field("json", description=f"filedrop, kafka: {_FORMAT_HELP}")
     bootstrap_servers: str | None = Field(None, description="kafka: host:port[,host:port...]")
     topics: list[str] | None = Field(None, description="kafka: the topics read, every partition.")
     consumer_group: str | None = Field(
@@ -349,7 +376,7 @@ class KafkaConnector(ConnectorBase):
             return "a kafka connector needs 'topics' (a list of topic names)"
         if len(set(self.topics)) != len(self.topics):
             return "a topic is listed twice in 'topics'"
-        return None
+        return self._debezium_problem()
 
     @property
     def group(self) -> str:

@@ -170,7 +170,43 @@ class IdemConfig(ConfigModel):
                     f"in tables ({', '.join(sorted(self.tables)) or 'none declared'})"
                 )
             self._check_versions(connector)
+        self._check_debezium()
         return self
+
+    def _check_debezium(self) -> None:
+        """A table fed by a ``format: debezium`` connector is ``mode: upsert`` with an
+        ``identity`` (the row's primary-key fields) and no ``order_by``, ``delete_when`` or
+        ``dynamic`` column or schema version bump (its order is the source position, ``op: d``
+        its delete, and the envelope in ``_payload`` is not the row), and no other connector
+        writes it; an upsert table without ``order_by`` is such a table."""
+        fed = {c.record_type: c.name for c in self.connectors if c.debezium and c.record_type is not None}
+        for name, feeder in fed.items():
+            table = self.tables[name]
+            problem = None
+            if table.mode != "upsert" or not table.identity:
+                problem = "must be mode: upsert with an identity (the row's primary-key fields)"
+            elif table.order_by is not None or table.delete_when is not None:
+                problem = "takes no order_by or delete_when (the order is the source position, op d deletes)"
+            elif any(ColumnType.parse(c.type).kind == "dynamic" for c in table.columns.values()):
+                problem = "has no dynamic columns on a Debezium feed"
+            elif table.schema_version != 1:
+                problem = "stays at schema_version 1 (migrations read _payload, which holds the change event, not the row)"
+            if problem is not None:
+                raise ValueError(f"tables.{name} (fed by format: debezium connector {feeder!r}) {problem}")
+        for connector in self.connectors:
+            others = set(self.tables_for(connector)) & set(fed) if not connector.debezium else set()
+            if others:
+                name = sorted(others)[0]
+                raise ValueError(
+                    f"connector {connector.name!r} could write tables.{name}, which format: debezium connector "
+                    f"{fed[name]!r} feeds (ordered by source position): give it another record_type"
+                )
+        for name, table in self.tables.items():
+            if table.mode == "upsert" and table.order_by is None and name not in fed:
+                raise ValueError(
+                    f"tables.{name}: mode: upsert needs order_by: the column whose greatest value makes a version "
+                    "current (int, long, real or timestamp), unless a format: debezium connector feeds it"
+                )
 
     def _check_versions(self, connector: ConnectorConfig) -> None:
         """A connector's declared ``schema_version`` must exist for its fixed record type, and
@@ -252,8 +288,9 @@ class IdemConfig(ConfigModel):
         """The declared tables as catalog specs. An upsert table's order and identity
         columns are required: a record without them is a reject (rules ``order``, ``identity``)."""
         specs = {}
+        debezium = {c.record_type for c in self.connectors if c.debezium}
         for name, table in self.tables.items():
-            upsert = table.upsert_spec()
+            upsert = table.upsert_spec(debezium=name in debezium)
             rules = {} if upsert is None else {**dict.fromkeys(upsert.identity, "identity"), upsert.order_by: "order"}
             specs[name] = TableSpec(
                 name,

@@ -20,6 +20,7 @@ from idem_platform.contract.catalog import (
     EXTERNAL_ID,
     IDENTITY_KINDS,
     POSTGRES_SYSTEM_COLUMNS,
+    SOURCE_POSITION,
     UPSERT_ORDER_KINDS,
     ColumnType,
     UpsertSpec,
@@ -65,7 +66,9 @@ class TableConfig(ConfigModel):
         None, description="upsert: the columns naming an identity; default: the connector's id field."
     )
     order_by: str | None = Field(
-        None, description="upsert: the column (int, long, real or timestamp) whose greatest value is current."
+        None,
+        description="upsert: the column (int, long, real or timestamp) whose greatest value is current; "
+        "none on a table fed by a format: debezium connector (its order is the source position).",
     )
     delete_when: DeleteWhen | None = Field(None, description="upsert: the records that delete their identity.")
 
@@ -98,16 +101,17 @@ class TableConfig(ConfigModel):
                 raise ValueError(f"{', '.join(given)}: only for mode: upsert tables")
             return self
         if self.order_by is None:
-            raise ValueError(
-                "mode: upsert needs order_by: the column whose greatest value makes a version current "
-                f"(one of {', '.join(UPSERT_ORDER_KINDS)})"
-            )
+            return self._identity_checked()  # a Debezium table's (IdemConfig checks who feeds it)
         order = self.columns.get(self.order_by)
         if order is None or ColumnType.parse(order.type).kind not in UPSERT_ORDER_KINDS:
             raise ValueError(
                 f"order_by {self.order_by!r} must be a declared column of type "
                 f"{', '.join(UPSERT_ORDER_KINDS)} (versions are compared by its value)"
             )
+        return self._identity_checked()
+
+    def _identity_checked(self) -> TableConfig:
+        """``identity`` names distinct declared scalar columns, none of them the ``order_by``."""
         if self.identity is not None:
             if not self.identity or len(set(self.identity)) != len(self.identity):
                 raise ValueError("identity must list one or more distinct columns")
@@ -122,10 +126,15 @@ class TableConfig(ConfigModel):
                     raise ValueError(f"{name!r} cannot be both the identity and the order_by")
         return self
 
-    def upsert_spec(self) -> UpsertSpec | None:
-        """The catalog's view of the upsert keys; ``None`` for an append table."""
-        if self.mode != "upsert" or self.order_by is None:
+    def upsert_spec(self, *, debezium: bool = False) -> UpsertSpec | None:
+        """The catalog's view of the upsert keys; ``None`` for an append table. ``debezium``:
+        a ``format: debezium`` connector feeds it (its order is the source position)."""
+        if self.mode != "upsert":
             return None
+        if debezium and self.identity:
+            return UpsertSpec(identity=tuple(self.identity), order_by=SOURCE_POSITION, debezium=True)
+        if self.order_by is None:
+            return None  # refused by IdemConfig (no order, and no Debezium connector)
         delete = self.delete_when
         return UpsertSpec(
             identity=tuple(self.identity) if self.identity else (EXTERNAL_ID,),

@@ -144,6 +144,9 @@ def commit_index_name(table: str) -> str:
 # The identity of an upsert table that names no fields: the record's external id (the
 # connector's id field), as its record key holds it.
 EXTERNAL_ID = "_external_id"
+# The implied order of a Debezium-fed upsert table: the change event's source position
+# (``source.lsn``), not a column (a column name cannot start with ``_``).
+SOURCE_POSITION = "_source_position"
 UPSERT_ORDER_KINDS = ("int", "long", "real", "timestamp")
 IDENTITY_KINDS = ("bool", "int", "long", "string", "timestamp")
 
@@ -157,12 +160,16 @@ class UpsertSpec:
         order_by: the column whose value orders an identity's versions (a number or a timestamp).
         delete_field, delete_equals: a record whose ``delete_field`` equals ``delete_equals``
             (JSON text of the value) marks its identity deleted; ``None``: no deletes.
+        debezium: the table is fed Debezium change events (``format: debezium``): its order
+            is the event's source position (``order_by`` is :data:`SOURCE_POSITION`, read from
+            the envelope kept in ``_payload``) and ``op: d`` is its delete.
     """
 
     identity: tuple[str, ...]
     order_by: str
     delete_field: str | None = None
     delete_equals: str | None = None
+    debezium: bool = False
 
 
 @dataclass(frozen=True)

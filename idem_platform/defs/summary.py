@@ -22,7 +22,8 @@ from idem_platform.postgres.schema import qualified_table_name
 EFFECT_KEYS = ("effects_created", "effects_suppressed")  # when the config has effects on the tables written
 # Kept as JSON entries: lists and small maps a machine rebuilds the summary from.
 JSON_KEYS = ("files", "offsets", "schema_versions", "prior", "timings", "consumer_group", "notes")
-FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds", "replay_skipped")
+FLAT_KEYS = ("commit_id", "rows_written", "rows_skipped", "rows_rejected", "replayed", "seconds", "replay_skipped",
+             "tombstones_skipped")
 TEXT_KEYS = ("already_committed", "file_key")  # file_key: the figures are one file's of a batch
 # Per table; an upsert table's current state also: inserted, updated, deleted, stale (history only).
 PER_TABLE = ("written", "skipped", "inserted", "updated", "deleted", "stale")
@@ -120,6 +121,8 @@ def summary_metadata(
     metadata["replayed"] = dg.MetadataValue.bool(bool(summary.get("replayed")))
     if summary.get("replay_skipped"):  # of rows_skipped: records of units committed before
         metadata["replay_skipped"] = dg.MetadataValue.int(int(summary["replay_skipped"]))
+    if summary.get("tombstones_skipped"):  # of rows_skipped: a Debezium feed's tombstones
+        metadata["tombstones_skipped"] = dg.MetadataValue.int(int(summary["tombstones_skipped"]))
     metadata["seconds"] = dg.MetadataValue.float(round(float(summary.get("seconds") or 0.0), 2))
     for key in EFFECT_KEYS:
         if summary.get(key) is not None:

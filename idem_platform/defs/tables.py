@@ -245,9 +245,10 @@ def _upsert_description(spec: TableSpec) -> str:
     """The first words of an upsert table's asset description: what it is and how to get the history."""
     if spec.upsert is None:
         return ""
+    order = "source position (Debezium's `source.lsn`)" if spec.upsert.debezium else f"`{spec.upsert.order_by}`"
     return (
         f"The current state of `{spec.record_type}` (`mode: upsert`): `{queried_name(spec)}`, one row per identity, "
-        f"the version with the greatest `{spec.upsert.order_by}`; this is what the asset loads "
+        f"the version with the greatest {order}; this is what the asset loads "
         "(`AssetIn(..., metadata={'history': True})`: every version). "
     )
 

@@ -119,6 +119,7 @@ def record_spec(connector: ConnectorConfig, tables: dict[str, TableSpec], units:
         version_field=connector.schema_version_field,
         declared_version=connector.schema_version,
         migrations=connector.migrations,
+        debezium=connector.debezium,
     )
 
 

@@ -38,6 +38,7 @@ from psycopg import sql
 
 from idem_platform.contract.catalog import (
     EXTERNAL_ID,
+    SOURCE_POSITION,
     TableSpec,
     UpsertSpec,
     table_name,
@@ -83,20 +84,52 @@ class CurrentCounts:
 
 def _definition(spec: TableSpec, upsert: UpsertSpec) -> str:
     """What the state was built for, as the state table's comment records it."""
-    return _MARK + json.dumps(
-        {
-            "record_type": spec.record_type,
-            "identity": [[name, _postgres_type(spec, name)] for name in upsert.identity],
-            "order_by": [upsert.order_by, _postgres_type(spec, upsert.order_by)],
-            "delete_when": [upsert.delete_field, upsert.delete_equals],
-        },
-        sort_keys=True,
-    )
+    definition: dict[str, object] = {
+        "record_type": spec.record_type,
+        "identity": [[name, _postgres_type(spec, name)] for name in upsert.identity],
+        "order_by": [upsert.order_by, _postgres_type(spec, upsert.order_by)],
+        "delete_when": [upsert.delete_field, upsert.delete_equals],
+    }
+    if upsert.debezium:
+        definition["format"] = "debezium"
+    return _MARK + json.dumps(definition, sort_keys=True)
+
+
+# The change event in ``_payload`` (alias ``h``): inside the JSON converter's {schema, payload}
+# wrapper or not, by the rule of idem_platform.coercion.rules.debezium_envelope.
+_ENVELOPE = (
+    "(CASE WHEN h._payload ? 'schema' AND jsonb_typeof(h._payload -> 'payload') = 'object' "
+    "THEN h._payload -> 'payload' ELSE h._payload END)"
+)
+
+
+def debezium_envelope_sql() -> sql.SQL:
+    """The Debezium change event of history row ``h`` (its ``_payload`` is the message as received)."""
+    return sql.SQL(_ENVELOPE)
+
+
+def _order_and_delete(upsert: UpsertSpec) -> tuple[sql.Composable, sql.Composable]:
+    """A history row's order and whether it is a delete: its ``order_by`` column and
+    ``delete_when`` test, or, of a Debezium feed, its event's ``source.lsn`` and ``op = 'd'``
+    (read from ``_payload``, where the coercion found them valid)."""
+    if upsert.debezium:
+        event = debezium_envelope_sql()
+        return (
+            sql.SQL("({} -> 'source' ->> 'lsn')::bigint").format(event),
+            sql.SQL("coalesce({} ->> 'op' = 'd', false)").format(event),
+        )
+    order = sql.SQL("h.{}").format(sql.Identifier(upsert.order_by))
+    if upsert.delete_field is None:
+        return order, sql.SQL("false")
+    # Parameters, not literals: a value may hold '%', which a literal would make a placeholder.
+    return order, sql.SQL("coalesce(h._payload -> %(delete_field)s::text = %(delete_equals)s::jsonb, false)")
 
 
 def _postgres_type(spec: TableSpec, name: str) -> str:
     if name == EXTERNAL_ID:
         return "text"
+    if name == SOURCE_POSITION:
+        return "bigint"
     for column in spec.columns:
         if column.name == name:
             return column.type.postgres
@@ -219,13 +252,10 @@ def fold(
         return CurrentCounts()
     identity = sql.SQL(", ").join(sql.SQL("h.{}").format(sql.Identifier(n)) for n in upsert.identity)
     columns = sql.SQL(", ").join(sql.Identifier(n) for n in upsert.identity)
-    order = sql.SQL("h.{}").format(sql.Identifier(upsert.order_by))
-    deleted: sql.Composable = sql.SQL("false")
-    if upsert.delete_field is not None:
-        # Parameters, not literals: a value may hold '%', which a literal would make a placeholder.
-        deleted = sql.SQL("coalesce(h._payload -> %(delete_field)s::text = %(delete_equals)s::jsonb, false)")
+    order, deleted = _order_and_delete(upsert)
     not_null = sql.SQL(" AND ").join(
-        sql.SQL("h.{} IS NOT NULL").format(sql.Identifier(n)) for n in (*upsert.identity, upsert.order_by)
+        [sql.SQL("h.{} IS NOT NULL").format(sql.Identifier(n)) for n in upsert.identity]
+        + [sql.SQL("{} IS NOT NULL").format(order)]
     )
     statement = sql.SQL(
         "INSERT INTO {state} AS s ({columns}, _order, _content_hash, _record_key, _deleted, _commit_id) "

@@ -86,6 +86,7 @@ def stage_slice(indexes: Iterable[int], url: str, plan: CommitPlan) -> Iterator[
         props_fields={rt: sorted(names) for rt, names in writer.props_fields.items()},
         rejected=writer.rejected,
         repeats=repeats.skipped,
+        tombstones=repeats.tombstones,
         known=writer.known,
         unique_keys=repeats.unique,
         max_timestamps=newest,

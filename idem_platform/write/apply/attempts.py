@@ -27,6 +27,7 @@ class StagedAttempt:
     with_extra: dict[str, int] = field(default_factory=dict)
     rejected: int = 0
     repeats: dict[str, int] = field(default_factory=dict)  # repeats counted, not staged
+    tombstones: int = 0  # of repeats: a Debezium feed's Kafka tombstones (messages without a value)
     known: dict[str, int] = field(default_factory=dict)  # keys the table already held: counted as skips, not staged
     unique_keys: bool = False  # the attempt staged no key twice (no DISTINCT ON needed)
     max_timestamps: dict[int, int] = field(default_factory=dict)  # unit index -> newest source timestamp (ms)

@@ -237,6 +237,8 @@ class ApplyTransaction:
             timings=self._timings(),
             units=self._unit_counts(chosen, (rows_written, idempotent_skips, rows_rejected)),
         )
+        if tombstones := sum(a.tombstones for a in chosen):  # of rows_skipped: a Debezium feed's
+            result["tombstones_skipped"] = tombstones
         valid_through = moved.pop("valid_through", None)
         result.update(moved)
         result.update(write_outbox(self.conn, plan))  # the effects its written rows owe (idem_platform.effects)

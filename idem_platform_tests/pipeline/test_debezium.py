@@ -1,0 +1,292 @@
+"""``format: debezium``: Debezium change events keep an upsert table equal to the source table,
+through files and a Kafka-protocol broker, on real PostgreSQL and Spark.
+
+The events are shaped as Debezium's PostgreSQL connector documents them (the ``customers``
+table of its tutorial: create, update and delete events, with and without the JSON
+converter's ``{schema, payload}`` wrapper). The oracle is a Python fold of the events by
+``source.lsn``: what the source table holds after them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idem_platform.coercion import rules
+from idem_platform.config import IdemConfig, parse_config
+from idem_platform.errors import ConfigError
+from idem_platform.postgres import connect
+from idem_platform.postgres.tables import sync_tables
+from idem_platform_tests.helpers.config import write_config
+from idem_platform_tests.helpers.database import reset_database, rows
+from idem_platform_tests.helpers.ingest import ingest_records
+
+TABLE = """
+tables:
+  customers:
+    mode: upsert
+    identity: [id]
+    columns:
+      id: {type: long, required: true}
+      first_name: string
+      last_name: string
+      email: {type: string, required: true}
+"""
+FILES = """
+connectors:
+  - name: cdc
+    kind: filedrop
+    path: drop
+    format: debezium
+    record_type: customers
+""" + TABLE
+KAFKA = """
+connectors:
+  - name: cdc
+    kind: kafka
+    bootstrap_servers: {bootstrap}
+    topics: [{topic}]
+    format: debezium
+    record_type: customers
+  - name: cdc-again
+    kind: kafka
+    bootstrap_servers: {bootstrap}
+    topics: [{topic}]
+    format: debezium
+    record_type: customers
+    key_namespace: cdc
+""" + TABLE
+
+# The Envelope schema the JSON converter sends with schemas.enable=true (fields abridged).
+_ROW_SCHEMA = {
+    "type": "struct", "optional": True, "name": "PostgreSQL_server.inventory.customers.Value",
+    "fields": [
+        {"type": "int32", "optional": False, "field": "id"},
+        {"type": "string", "optional": False, "field": "first_name"},
+        {"type": "string", "optional": False, "field": "last_name"},
+        {"type": "string", "optional": False, "field": "email"},
+    ],
+}
+SCHEMA = {
+    "type": "struct", "optional": False, "name": "PostgreSQL_server.inventory.customers.Envelope",
+    "fields": [
+        {**_ROW_SCHEMA, "field": "before"}, {**_ROW_SCHEMA, "field": "after"},
+        {"type": "struct", "optional": False, "name": "io.debezium.connector.postgresql.Source", "field": "source",
+         "fields": [{"type": "int64", "optional": True, "field": "lsn"}, {"type": "int64", "optional": False, "field": "ts_ms"}]},
+        {"type": "string", "optional": False, "field": "op"},
+        {"type": "int64", "optional": True, "field": "ts_ms"},
+    ],
+}
+
+
+def customer(id_: int, first: str, email: str, last: str = "Kretchmar") -> dict[str, Any]:
+    return {"id": id_, "first_name": first, "last_name": last, "email": email}
+
+
+def event(op: str, lsn: int, *, before: dict[str, Any] | None = None, after: dict[str, Any] | None = None,
+          ts_ms: int = 1559033904863, wrapped: bool = False) -> dict[str, Any]:
+    """A change event of Debezium's PostgreSQL connector (its documented shape)."""
+    payload = {
+        "before": before, "after": after, "op": op, "ts_ms": ts_ms + 2,
+        "source": {
+            "version": "2.5.4.Final", "connector": "postgresql", "name": "PostgreSQL_server", "ts_ms": ts_ms,
+            "snapshot": "false", "db": "postgres", "sequence": json.dumps([str(lsn - 8), str(lsn)]),
+            "schema": "public", "table": "customers", "txId": 555, "lsn": lsn, "xmin": None,
+        },
+    }
+    return {"schema": SCHEMA, "payload": payload} if wrapped else payload
+
+
+ANNE = customer(1, "Anne", "annek@noanswer.org")
+ANNE_MARIE = customer(1, "Anne Marie", "annek@noanswer.org")
+SALLY = customer(1001, "Sally", "sally.thomas@acme.com", "Thomas")
+EVENTS = [
+    event("r", 24023100, after=SALLY, wrapped=True),  # a snapshot read
+    event("c", 24023128, after=ANNE, wrapped=True),
+    event("u", 24023160, before=None, after=ANNE_MARIE),  # REPLICA IDENTITY DEFAULT: no before of an update
+    event("d", 46523128, before={"id": 1, "first_name": None, "last_name": None, "email": None}),  # key fields only
+    event("c", 46523200, after=customer(2, "George", "gbailey@foobar.com", "Bailey"), wrapped=True),
+]
+
+
+def source_table(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The source table after ``events``: each applied in ``source.lsn`` order."""
+    table: dict[int, dict[str, Any]] = {}
+    for e in sorted((rules.debezium_envelope(e) for e in events), key=lambda e: e["source"]["lsn"]):
+        if e["op"] == "d":
+            table.pop(e["before"]["id"], None)
+        else:
+            table[e["after"]["id"]] = e["after"]
+    return table
+
+
+def current(pg_url: str) -> dict[int, dict[str, Any]]:
+    found = rows(pg_url, "SELECT id, first_name, last_name, email FROM idem.customers_current")
+    return {r[0]: dict(zip(("id", "first_name", "last_name", "email"), r, strict=True)) for r in found}
+
+
+def config_at(tmp_path: Path, pg_url: str, text: str = FILES) -> IdemConfig:
+    reset_database(pg_url)
+    config = write_config(tmp_path, text)
+    with connect(pg_url, autocommit=True) as conn:
+        sync_tables(conn, config.table_specs)
+    return config
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+_CONNECTOR = "connectors:\n  - {{name: cdc, kind: {kind}, path: drop, format: debezium, {route}}}\n"
+
+
+@pytest.mark.parametrize(
+    ("connector", "table", "message"),
+    [
+        (_CONNECTOR.format(kind="http", route="record_type: customers"), TABLE, "format: only for kind: filedrop and kafka"),
+        (_CONNECTOR.format(kind="filedrop", route="record_type_field: type"), TABLE, "format: debezium needs a fixed 'record_type'"),
+        (_CONNECTOR.format(kind="filedrop", route="record_type: customers"), TABLE.replace("    mode: upsert\n    identity: [id]\n", ""),
+         "must be mode: upsert with an identity"),
+        (_CONNECTOR.format(kind="filedrop", route="record_type: customers"), TABLE.replace("    identity: [id]\n", ""),
+         "must be mode: upsert with an identity"),
+        (_CONNECTOR.format(kind="filedrop", route="record_type: customers"),
+         TABLE.replace("    identity: [id]\n", "    identity: [id]\n    delete_when: {field: op, equals: d}\n"),
+         "takes no order_by or delete_when"),
+        (_CONNECTOR.format(kind="filedrop", route="record_type: customers"), TABLE + "      tags: dynamic\n",
+         "has no dynamic columns"),
+        (_CONNECTOR.format(kind="filedrop", route="record_type: customers"),
+         TABLE.replace("    identity: [id]\n", "    identity: [id]\n    schema_version: 2\n"), "stays at schema_version 1"),
+        (_CONNECTOR.format(kind="filedrop", route="record_type: customers")
+         + "  - {name: other, kind: filedrop, path: other, record_type_field: type}\n", TABLE,
+         "connector 'other' could write tables.customers"),
+        ("", TABLE, "mode: upsert needs order_by"),
+    ],
+)
+def test_a_debezium_feed_is_checked_at_load(connector: str, table: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(connector + table)
+
+
+def test_the_order_of_a_debezium_table_is_its_source_position() -> None:
+    upsert = parse_config(FILES).table_specs["customers"].upsert
+    assert upsert is not None and (upsert.debezium, upsert.order_by, upsert.identity) == (True, "_source_position", ("id",))
+
+
+# --- what a version is --------------------------------------------------------------------------
+
+
+def test_a_version_is_the_row_image_at_its_position_whatever_the_timestamps_or_the_wrapper() -> None:
+    plain = rules.debezium_version(event("u", 24023160, after=ANNE_MARIE), ("id",))
+    resent = rules.debezium_version(event("u", 24023160, after=ANNE_MARIE, ts_ms=1700000000000, wrapped=True), ("id",))
+    assert plain == resent
+    assert plain[0] == {**ANNE_MARIE, rules.DEBEZIUM_OP: "u"} and plain[2] == "1"
+    moved = rules.debezium_version(event("u", 24023161, after=ANNE_MARIE), ("id",))
+    assert moved[1] != plain[1]  # another position: another version
+    composite = rules.debezium_version(event("u", 24023160, after=ANNE_MARIE), ("id", "first_name"))
+    assert composite[2] == '[1,"Anne Marie"]'
+
+
+@pytest.mark.parametrize(
+    ("change", "rule"),
+    [
+        ({"op": "t", "before": None, "after": None}, "truncate"),
+        ({"op": "m"}, "debezium"),
+        ({"source": {"connector": "mysql", "file": "mysql-bin.000003", "pos": 154}}, "position"),
+        ({"source": {"lsn": "24023128"}}, "position"),
+        ({"source": {"lsn": 1 << 63}}, "position"),
+        ({"after": None}, "debezium"),
+        ({"after": {"first_name": "no id"}}, "identity"),
+        ({"op": "d", "before": None, "after": None}, "debezium"),
+    ],
+)
+def test_an_event_idem_cannot_order_or_apply_is_a_reject(change: dict[str, Any], rule: str) -> None:
+    with pytest.raises(rules.Reject) as caught:
+        rules.debezium_version({**event("c", 5, after=ANNE), **change}, ("id",))
+    assert caught.value.errors[0]["rule"] == rule
+
+
+# --- end to end: files ----------------------------------------------------------------------------
+
+
+def test_change_events_keep_the_current_table_equal_to_the_source(pg_url: str, tmp_path: Path, spark: Any) -> None:
+    config = config_at(tmp_path, pg_url)
+    first = ingest_records(pg_url, config, spark, "cdc", "1.ndjson", EVENTS)
+    counts = first["tables"]["customers"]
+    assert first["rows_rejected"] == 0
+    assert [counts[k] for k in ("written", "inserted", "deleted", "stale")] == [5, 2, 1, 2]
+    assert current(pg_url) == source_table(EVENTS) == {1001: SALLY, 2: customer(2, "George", "gbailey@foobar.com", "Bailey")}
+    # A connector restart re-sends recent events: other timestamps, the other converter setting.
+    resent = [
+        event("u", 24023160, after=ANNE_MARIE, ts_ms=1700000000000, wrapped=True),
+        event("d", 46523128, before={"id": 1, "first_name": None, "last_name": None, "email": None}, ts_ms=1700000000001),
+        event("t", 46523300, wrapped=True),  # a truncate: a reject, the current rows stay
+    ]
+    again = ingest_records(pg_url, config, spark, "cdc", "2.ndjson", resent)
+    assert (again["rows_written"], again["rows_skipped"], again["rows_rejected"]) == (0, 2, 1)
+    assert rows(pg_url, "SELECT count(*) FROM idem.customers") == [(5,)]  # one history version each
+    assert rows(pg_url, "SELECT reasons -> 0 ->> 'rule' FROM idem.rejects") == [("truncate",)]
+    assert current(pg_url) == source_table(EVENTS)
+    # The envelope as received stays in _payload; the history row keeps the delete's key fields.
+    assert rows(pg_url, "SELECT _payload -> 'payload' ->> 'op' FROM idem.customers WHERE _payload ? 'schema' ORDER BY 1") == [
+        ("c",), ("c",), ("r",)
+    ]
+
+
+def test_a_delete_before_its_insert_keeps_the_row_deleted(pg_url: str, tmp_path: Path, spark: Any) -> None:
+    config = config_at(tmp_path, pg_url)
+    delete = event("d", 300, before=customer(7, "Late", "late@example.com"))
+    ingest_records(pg_url, config, spark, "cdc", "1.ndjson", [delete])
+    older = ingest_records(pg_url, config, spark, "cdc", "2.ndjson", [
+        event("c", 100, after=customer(7, "Late", "late@example.com")),
+        event("u", 200, after=customer(7, "Later", "late@example.com"), wrapped=True),
+    ])
+    assert (older["tables"]["customers"]["stale"], older["tables"]["customers"]["inserted"]) == (2, 0)
+    assert current(pg_url) == {}
+    assert rows(pg_url, "SELECT id, _deleted, _order FROM idem.customers_state") == [(7, True, 300)]
+    back = {**customer(7, "Back", "b@example.com"), "phone": "555-0100"}  # a column the source table gained
+    ingest_records(pg_url, config, spark, "cdc", "3.ndjson", [event("c", 400, after=back)])
+    assert current(pg_url) == {7: customer(7, "Back", "b@example.com")}
+    assert rows(pg_url, "SELECT phone FROM idem.customers_current") == [("555-0100",)]  # evolved as a column
+
+
+def test_any_split_and_order_of_the_events_gives_the_source_table(pg_url: str, tmp_path: Path, spark: Any) -> None:
+    config = config_at(tmp_path, pg_url)
+    backwards = list(reversed(EVENTS))
+    ingest_records(pg_url, config, spark, "cdc", "1.ndjson", backwards[:2] + backwards[3:4])
+    ingest_records(pg_url, config, spark, "cdc", "2.ndjson", backwards[2:] + backwards[:1])
+    assert current(pg_url) == source_table(EVENTS)
+    assert rows(pg_url, "SELECT count(*) FROM idem.customers") == [(5,)]
+
+
+# --- end to end: Kafka ---------------------------------------------------------------------------
+
+
+def test_a_topic_read_twice_or_after_an_offset_reset_leaves_the_source_table(
+    pg_url: str, tmp_path: Path, spark: Any, kafka_broker: Any, topic: str
+) -> None:
+    from idem_platform_tests.helpers.kafka import ingest as ingest_kafka
+    from idem_platform_tests.helpers.kafka_broker import create_topic, produce
+
+    config = config_at(tmp_path, pg_url, KAFKA.replace("{bootstrap}", kafka_broker.bootstrap).replace("{topic}", topic))
+    create_topic(kafka_broker.bootstrap, topic, 2)
+    messages: list[tuple[int, bytes | None, bytes | None, None]] = []
+    for e in EVENTS:
+        envelope = rules.debezium_envelope(e)
+        id_ = (envelope["after"] or envelope["before"])["id"]
+        key = json.dumps({"id": id_}).encode()  # Debezium's message key: the primary key; a partition per key
+        messages.append((id_ % 2, key, json.dumps(e).encode(), None))
+        if envelope["op"] == "d":
+            messages.append((id_ % 2, key, None, None))  # the tombstone that follows a delete
+    produce(kafka_broker.bootstrap, topic, messages)
+    first = ingest_kafka(pg_url, config, spark, "cdc")
+    assert (first["rows_written"], first["rows_rejected"], first["tombstones_skipped"]) == (5, 0, 1)
+    assert first["rows_skipped"] == 1
+    assert current(pg_url) == source_table(EVENTS)
+    twice = ingest_kafka(pg_url, config, spark, "cdc-again")  # the same topic from offset 0, same key namespace
+    assert (twice["rows_written"], twice["rows_skipped"], twice["tombstones_skipped"]) == (0, 6, 1)
+    with connect(pg_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM idem.source_offsets WHERE connector = 'cdc'")  # offsets reset
+    reset = ingest_kafka(pg_url, config, spark, "cdc")
+    assert (reset["rows_written"], reset["rows_rejected"]) == (0, 0)
+    assert current(pg_url) == source_table(EVENTS)
+    assert rows(pg_url, "SELECT count(*) FROM idem.customers") == [(5,)]
