@@ -11,7 +11,7 @@ import psycopg
 STATUSES = ("pending", "delivered", "failed")
 
 _COLUMNS = (
-    "key", "effect", "connector", "record_type", "record_key", "status", "attempts", "next_attempt_at",
+    "key", "effect", "connector", "record_type", "external_id", "seq", "record_key", "status", "attempts", "next_attempt_at",
     "claimed_by", "claimed_until", "last_status", "reason", "last_response", "created_at", "last_attempt_at",
     "delivered_at", "commit_id", "payload",
 )
