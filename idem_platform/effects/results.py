@@ -58,3 +58,17 @@ def as_json(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def results_lines(conn: psycopg.Connection, name: str, limit: int | None = None) -> list[str]:
+    """The rows of ``idem.<name>`` as JSON lines, oldest delivery first (``idem read <name>``).
+
+    A results table that does not exist yet (nothing delivered, no dispatcher ran) reads as empty.
+    """
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [f"{SCHEMA}.{name}"]).fetchone()
+    if not exists or not exists[0]:
+        return []
+    query = sql.SQL("SELECT to_jsonb(r)::text FROM {table} r ORDER BY delivered_at, key LIMIT %s").format(
+        table=results_ident(name)
+    )
+    return [line for (line,) in conn.execute(query, [limit]).fetchall()]
