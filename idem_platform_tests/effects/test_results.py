@@ -17,7 +17,13 @@ from idem_platform_tests.effects.test_functions import acted
 from idem_platform_tests.effects.test_ordering import owe_versions
 from idem_platform_tests.helpers.cli import cli_env, idem_command, run
 from idem_platform_tests.helpers.database import rows
-from idem_platform_tests.helpers.effects import alert, effects_config, enrich, function_module, outbox
+from idem_platform_tests.helpers.effects import (
+    alert,
+    effects_config,
+    enrich,
+    function_module,
+    outbox,
+)
 from idem_platform_tests.helpers.faults import kill_at_fault
 from idem_platform_tests.helpers.receiver import Reply, receiving
 
