@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from idem_platform.effects.delivery import deliver
+from idem_platform.samples import write_lines
 from idem_platform_tests.effects.test_functions import acted
 from idem_platform_tests.effects.test_ordering import owe_versions
 from idem_platform_tests.helpers.cli import cli_env, idem_command, run
@@ -25,8 +26,11 @@ from idem_platform_tests.helpers.effects import (
     outbox,
 )
 from idem_platform_tests.helpers.faults import kill_at_fault
+from idem_platform_tests.helpers.ingest import ingest
+from idem_platform_tests.helpers.paths import REPO
 from idem_platform_tests.helpers.receiver import Reply, receiving
 
+DOC = (REPO / "docs" / "effects.md").read_text(encoding="utf-8")
 RESULTS = "SELECT key, effect, record_type, external_id, record_key, response, status FROM idem.alert_results ORDER BY key"
 
 
@@ -109,3 +113,28 @@ def test_a_function_s_result_is_its_row(tmp_path: Path, pg_url: str, monkeypatch
     found = rows(pg_url, "SELECT external_id, response, status FROM idem.scores ORDER BY external_id")
     assert found == [(f"ioc-{i}", {"score": 0, "key": keys[f"ioc-{i}"][0][:8]}, None) for i in range(2)]
     assert len(acted(tmp_path / "acted.log")) == 2
+
+
+def test_the_documented_query_joins_a_committed_row_to_its_answer(
+    tmp_path: Path, pg_url: str, spark: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with receiving(lambda key, seen: Reply(200, body='{"verdict":"malicious"}')) as receiver:
+        effect = alert(receiver.url, name="enrich", when=[], results_table="indicator_enrichment")
+        config = effects_config(tmp_path, pg_url, [effect])
+        path = config.connector("threatfeed").path
+        assert path is not None
+        records = [{"type": "indicator", "id": "ioc-1", "name": "bad.example", "confidence": 90}]
+        summary = ingest(pg_url, config, spark, write_lines(path / "a.ndjson", [json.dumps(r) for r in records]))
+        assert summary["effects_created"] == 1
+        assert deliver(pg_url, config.effects).delivered == 1
+    documented = (
+        "SELECT i.name, r.response ->> 'verdict' AS verdict\n"
+        "FROM idem.indicator i\n"
+        "JOIN idem.indicator_enrichment r ON r.record_key = i._idempotency_key;"
+    )
+    assert documented in DOC
+    assert rows(pg_url, documented) == [("bad.example", "malicious")]
+    for name, value in cli_env(pg_url, tmp_path, config).items():
+        monkeypatch.setenv(name, value)
+    code, out, _ = run(capsys, "read", "indicator_enrichment", "--limit", "10")
+    assert code == 0 and [json.loads(line)["external_id"] for line in out] == ["ioc-1"]
