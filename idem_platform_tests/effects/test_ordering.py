@@ -15,6 +15,7 @@ from idem_platform.config import IdemConfig
 from idem_platform.effects.delivery import deliver
 from idem_platform.idempotency import mint_key
 from idem_platform.postgres import connect
+from idem_platform.postgres.schema import ensure_schema
 from idem_platform_tests.effects.test_delivery import COMMIT
 from idem_platform_tests.helpers.effects import alert, effects_config, outbox
 from idem_platform_tests.helpers.receiver import Receiver, Reply, receiving
@@ -113,3 +114,25 @@ def test_the_claim_probes_an_identity_through_its_index(pg_url: str) -> None:
             "AND e.external_id = 'x' AND e.status = 'pending' AND e.seq < 10"
         ).fetchall()
     assert any("outbox_identity" in line for (line,) in plan)
+
+
+def test_rows_from_before_the_upgrade_get_seq_in_their_created_order(pg_url: str) -> None:
+    with connect(pg_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE idem.outbox")
+        conn.execute("DROP INDEX idem.outbox_identity")
+        conn.execute("ALTER TABLE idem.outbox DROP COLUMN seq, DROP COLUMN external_id")  # the 007 table
+        for name, age in (("newer", "1 minute"), ("older", "2 minutes")):
+            conn.execute(
+                "INSERT INTO idem.outbox (key, effect, connector, record_type, record_key, payload, commit_id, created_at) "
+                "VALUES (%s, 'alert', 'c', 'indicator', %s, '{}', %s, now() - %s::interval)",
+                [name, name, COMMIT, age],
+            )
+        conn.execute("DELETE FROM idem.schema_migrations WHERE version = 8")
+        assert ensure_schema(conn) == [8]
+        found = conn.execute("SELECT key, external_id FROM idem.outbox ORDER BY seq").fetchall()
+        conn.execute(
+            "INSERT INTO idem.outbox (key, effect, connector, record_type, record_key, payload, commit_id) "
+            "VALUES ('later', 'alert', 'c', 'indicator', 'later', '{}', %s)", [COMMIT],
+        )
+        last = conn.execute("SELECT key FROM idem.outbox ORDER BY seq DESC LIMIT 1").fetchone()
+    assert found == [("older", None), ("newer", None)] and last == ("later",)
