@@ -13,6 +13,17 @@ never more than that row. The claim counts the attempt, so a row whose sending k
 dispatcher every time still ends, parked after ``max_attempts``. The answer is recorded
 only while the lease is still this dispatcher's (``claimed_by``).
 
+**Order.** The rows of one identity (effect, record type, external id) go in commit order
+(``seq``): a row is claimable only while no earlier row of its identity is pending and no
+other row of it is claimed, so a later version waits for the earlier one's delivery and two
+dispatchers never send two versions at once. A parked (``failed``) row is not pending: it
+does not hold the later ones back. Its status only leaves ``pending`` for good, so the
+test cannot pass early.
+
+**Results.** An effect with ``results_table`` writes the answer (:mod:`.results`) in the
+transaction that marks the row delivered: a result exists if and only if its delivery is
+recorded.
+
 **Answers.** 2xx: delivered. A connection error, a timeout, 409 (the receiver holds the
 key in flight), 429 and 5xx are transient: due again after ``Retry-After`` seconds when the
 receiver says so, else after an exponential backoff with jitter, until ``max_attempts``
@@ -89,9 +100,16 @@ WHERE o.key = due.key AND l.effect = o.effect
 RETURNING o.key, o.effect, o.payload, o.attempts
 """
 
+# When the next row may be claimed: a row behind an earlier pending row of its identity waits
+# for that row, not for its own time (so a dispatcher does not poll for it).
 _NEXT_DUE = """
-SELECT extract(epoch FROM min(greatest(next_attempt_at, coalesce(claimed_until, next_attempt_at))) - now())
-FROM idem.outbox WHERE status = 'pending' AND effect = ANY(%s)
+SELECT extract(epoch FROM min(greatest(o.next_attempt_at, coalesce(o.claimed_until, o.next_attempt_at))) - now())
+FROM idem.outbox o WHERE o.status = 'pending' AND o.effect = ANY(%s)
+  AND NOT EXISTS (
+      SELECT 1 FROM idem.outbox e
+      WHERE e.effect = o.effect AND e.record_type = o.record_type AND e.external_id = o.external_id
+        AND e.status = 'pending' AND e.seq < o.seq
+  )
 """
 
 _RECORD = """

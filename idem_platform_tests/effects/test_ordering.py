@@ -6,12 +6,14 @@ parked earlier version does not hold the later ones back."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from idem_platform.config import IdemConfig
+from idem_platform.effects.admin import due_rows
 from idem_platform.effects.delivery import deliver
 from idem_platform.idempotency import mint_key
 from idem_platform.postgres import connect
@@ -136,3 +138,17 @@ def test_rows_from_before_the_upgrade_get_seq_in_their_created_order(pg_url: str
         )
         last = conn.execute("SELECT key FROM idem.outbox ORDER BY seq DESC LIMIT 1").fetchone()
     assert found == [("older", None), ("newer", None)] and last == ("later",)
+
+
+def test_a_version_behind_a_waiting_one_is_not_due(tmp_path: Path, pg_url: str) -> None:
+    with receiving() as receiver:
+        config = _config(tmp_path, pg_url, receiver.url)
+        (first, second), = owe_versions(pg_url, 1, 2).values()
+        with connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE idem.outbox SET next_attempt_at = now() + interval '1 hour' WHERE key = %s", [first])
+            assert due_rows(conn, ["alert"])[0] == 0  # the sensor launches nothing for it
+        started = time.monotonic()
+        report = deliver(pg_url, config.effects, wait_seconds=30)
+    assert report.attempts == 0 and receiver.keys() == []
+    assert time.monotonic() - started < 5  # nothing due within the wait: it stops, it does not poll
+    assert {row["key"]: row["status"] for row in outbox(pg_url)} == {first: "pending", second: "pending"}
