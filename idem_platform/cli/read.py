@@ -43,7 +43,7 @@ def known_record_type(config: IdemConfig, record_type: str) -> str:
 )
 def read(record_type: str, commit: str | None, limit: int | None, history: bool, skip_failed_migrations: bool) -> None:
     """Print a record type's rows as NDJSON (of a mode: upsert table, its current state:
-    one row per identity; --history: every version).
+    one row per identity; --history: every version; of an effect's results_table, its rows).
 
     Rows stored at an older schema_version are upgraded through the migrations on the
     way. Last, on stderr, one JSON line: the rows printed, and, when some rows were
@@ -53,6 +53,11 @@ def read(record_type: str, commit: str | None, limit: int | None, history: bool,
     from idem_platform.read.planner import plan_read
 
     config = load_config(invocation().config)
+    if any(effect.results_table == record_type for effect in config.effects):
+        if commit is not None or history or skip_failed_migrations:
+            raise CommandError(f"{record_type!r} is an effect's results table: only --limit applies to it")
+        read_results(record_type, limit)
+        return
     known_record_type(config, record_type)
     config.chains()  # a broken chain is a one-line error before Spark starts
     url = prepare_environment()
@@ -83,6 +88,18 @@ def read(record_type: str, commit: str | None, limit: int | None, history: bool,
             "rows_by_version": {str(version): n for version, n in sorted(counts.items())},
         } | ({"skipped": skipped} if skip else {})
     sys.stderr.write(json.dumps(summary) + "\n")
+
+
+def read_results(name: str, limit: int | None) -> None:
+    """An effect's results table (``results_table:``) as NDJSON: one row per delivered key."""
+    from idem_platform.effects.results import results_lines
+    from idem_platform.postgres.connection import connect
+
+    with connect(prepare_environment(), autocommit=True) as conn:
+        lines = results_lines(conn, name, limit)
+    for line in lines:
+        sys.stdout.write(line + "\n")
+    sys.stderr.write(json.dumps({"results_table": name, "rows": len(lines)}) + "\n")
 
 
 def spark_lines(

@@ -4,8 +4,7 @@ Everything here is declarative: the condition compares a column with constants, 
 names columns, the key names parts. Nothing read from data is ever run as code: a
 Python-function effect names a function of a module the config lists (``effect_modules:``),
 imported and checked at load. What this release does not build (an effect on an upsert
-table's changes, results kept as a table) is refused at load, so a half-feature is never
-reachable.
+table's changes) is refused at load, so a half-feature is never reachable.
 """
 
 from __future__ import annotations
@@ -18,7 +17,12 @@ from pydantic import Field, field_validator, model_validator
 
 from idem_platform.config.common import NAME, ConfigModel
 from idem_platform.config.tables import TableConfig
-from idem_platform.contract.catalog import ColumnType
+from idem_platform.contract.catalog import (
+    RESERVED_TABLE_NAMES,
+    ColumnType,
+    table_name,
+    upsert_relations,
+)
 from idem_platform.effects.rule import OutboxRule
 
 OPERATORS = ("equals", "not_equals", "in", "gt", "gte", "lt", "lte")
@@ -143,19 +147,15 @@ class EffectConfig(ConfigModel):
     warn_pending_after_seconds: float = Field(
         3600.0, gt=0, description="The effects_owed check warns when the oldest pending row is older."
     )
-    results_table: Any = Field(None, description="Not built: refused.")
+    results_table: str | None = Field(
+        None, pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+        description="Keep each delivered answer as a row of idem.<results_table> (one per minted key).",
+    )
 
     @field_validator("when", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, dict) else value
-
-    @field_validator("results_table")
-    @classmethod
-    def _not_built(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError("not available in this release: an effect is an HTTP request (http:) or a function (python:)")
-        return value
 
     @model_validator(mode="after")
     def _key_and_lease(self) -> EffectConfig:
@@ -255,16 +255,37 @@ def check_effects(effects: list[EffectConfig], tables: dict[str, TableConfig], m
         ValueError: ``effects[i]: ...``.
     """
     seen: set[str] = set()
+    taken = _table_names(tables)
     for index, effect in enumerate(effects):
         if effect.name in seen:
             raise ValueError(f"effects[{index}]: effect name {effect.name!r} is used twice")
         seen.add(effect.name)
         try:
             effect.check_against(tables)
+            if effect.results_table is not None:
+                _claim_results_table(effect.results_table, taken, effect.name)
             if effect.python is not None:
                 _check_function(effect.python, modules or [])
         except ValueError as exc:
             raise ValueError(f"effects[{index}] ({effect.name}): {exc}") from None
+
+
+def _table_names(tables: dict[str, TableConfig]) -> dict[str, str]:
+    """Every table name in schema idem the config or idem itself uses -> what uses it."""
+    taken = {name: "one of idem's own tables" for name in RESERVED_TABLE_NAMES}
+    for record_type, table in tables.items():
+        taken[table_name(record_type)] = f"the table of record type {record_type!r}"
+        if getattr(table, "mode", None) == "upsert":
+            for derived in upsert_relations(record_type):
+                taken[derived] = f"a relation of the upsert table {record_type!r}"
+    return taken
+
+
+def _claim_results_table(name: str, taken: dict[str, str], effect: str) -> None:
+    """``name`` is free (no table of the config, of idem, of another effect's results): take it."""
+    if name in taken:
+        raise ValueError(f"results_table {name!r} is {taken[name]} (schema idem): pick another name")
+    taken[name] = f"the results table of effect {effect!r}"
 
 
 def _check_function(python: PythonDelivery, modules: list[str]) -> None:

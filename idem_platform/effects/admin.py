@@ -11,7 +11,7 @@ import psycopg
 STATUSES = ("pending", "delivered", "failed")
 
 _COLUMNS = (
-    "key", "effect", "connector", "record_type", "record_key", "status", "attempts", "next_attempt_at",
+    "key", "effect", "connector", "record_type", "external_id", "seq", "record_key", "status", "attempts", "next_attempt_at",
     "claimed_by", "claimed_until", "last_status", "reason", "last_response", "created_at", "last_attempt_at",
     "delivered_at", "commit_id", "payload",
 )
@@ -87,12 +87,16 @@ def owed(conn: psycopg.Connection, bounds: dict[str, float]) -> tuple[bool, dict
 
 
 def due_rows(conn: psycopg.Connection, effects: list[str]) -> tuple[int, str | None]:
-    """How many rows of ``effects`` a dispatcher could claim now, and a digest of them (their keys
-    and tries: the same due set gives the same digest, a row due again after a try a new one)."""
+    """How many rows of ``effects`` a dispatcher could claim now (due, and not behind an earlier
+    row of their identity: the claim's own test), and a digest of them (their keys and tries:
+    the same due set gives the same digest, a row due again after a try a new one)."""
     row = conn.execute(
-        "SELECT count(*), md5(string_agg(key || ':' || attempts, ',' ORDER BY key)) FROM idem.outbox "
-        "WHERE status = 'pending' AND effect = ANY(%s) AND next_attempt_at <= now() "
-        "AND (claimed_until IS NULL OR claimed_until < now())",
+        "SELECT count(*), md5(string_agg(o.key || ':' || o.attempts, ',' ORDER BY o.key)) FROM idem.outbox o "
+        "WHERE o.status = 'pending' AND o.effect = ANY(%s) AND o.next_attempt_at <= now() "
+        "AND (o.claimed_until IS NULL OR o.claimed_until < now()) AND NOT EXISTS ("
+        "SELECT 1 FROM idem.outbox e WHERE e.effect = o.effect AND e.record_type = o.record_type "
+        "AND e.external_id = o.external_id AND e.status = 'pending' AND e.key <> o.key "
+        "AND (e.seq < o.seq OR e.claimed_until >= now()))",
         [effects],
     ).fetchone()
     return (int(row[0]), row[1]) if row else (0, None)

@@ -13,6 +13,17 @@ never more than that row. The claim counts the attempt, so a row whose sending k
 dispatcher every time still ends, parked after ``max_attempts``. The answer is recorded
 only while the lease is still this dispatcher's (``claimed_by``).
 
+**Order.** The rows of one identity (effect, record type, external id) go in commit order
+(``seq``): a row is claimable only while no earlier row of its identity is pending and no
+other row of it is claimed, so a later version waits for the earlier one's delivery and two
+dispatchers never send two versions at once. A parked (``failed``) row is not pending: it
+does not hold the later ones back. Its status only leaves ``pending`` for good, so the
+test cannot pass early.
+
+**Results.** An effect with ``results_table`` writes the answer (:mod:`.results`) in the
+transaction that marks the row delivered: a result exists if and only if its delivery is
+recorded.
+
 **Answers.** 2xx: delivered. A connection error, a timeout, 409 (the receiver holds the
 key in flight), 429 and 5xx are transient: due again after ``Retry-After`` seconds when the
 receiver says so, else after an exponential backoff with jitter, until ``max_attempts``
@@ -47,8 +58,16 @@ from http.client import HTTPException
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from idem_platform.config.effects import MAX_RESPONSE_CHARS, EffectConfig
+from idem_platform.effects.results import (
+    MAX_RESULT_BYTES,
+    as_json,
+    ensure_results_tables,
+    results_ident,
+)
 from idem_platform.faults import checkpoint
 from idem_platform.idempotency import run_idempotently
 from idem_platform.postgres.connection import connect
@@ -61,12 +80,17 @@ FUNCTION_REPLAY_WINDOW = timedelta(days=30)
 
 _CLAIM = """
 WITH due AS (
-    SELECT key FROM idem.outbox
-    WHERE status = 'pending' AND effect = ANY(%(effects)s) AND next_attempt_at <= now()
-      AND (claimed_until IS NULL OR claimed_until < now())
-    ORDER BY next_attempt_at, created_at, key
+    SELECT o.key FROM idem.outbox o
+    WHERE o.status = 'pending' AND o.effect = ANY(%(effects)s) AND o.next_attempt_at <= now()
+      AND (o.claimed_until IS NULL OR o.claimed_until < now())
+      AND NOT EXISTS (
+          SELECT 1 FROM idem.outbox e
+          WHERE e.effect = o.effect AND e.record_type = o.record_type AND e.external_id = o.external_id
+            AND e.status = 'pending' AND e.key <> o.key AND (e.seq < o.seq OR e.claimed_until >= now())
+      )
+    ORDER BY o.next_attempt_at, o.seq
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o SKIP LOCKED
 )
 UPDATE idem.outbox o
 SET claimed_by = %(worker)s, claimed_until = now() + make_interval(secs => l.lease), attempts = o.attempts + 1,
@@ -76,9 +100,16 @@ WHERE o.key = due.key AND l.effect = o.effect
 RETURNING o.key, o.effect, o.payload, o.attempts
 """
 
+# When the next row may be claimed: a row behind an earlier pending row of its identity waits
+# for that row, not for its own time (so a dispatcher does not poll for it).
 _NEXT_DUE = """
-SELECT extract(epoch FROM min(greatest(next_attempt_at, coalesce(claimed_until, next_attempt_at))) - now())
-FROM idem.outbox WHERE status = 'pending' AND effect = ANY(%s)
+SELECT extract(epoch FROM min(greatest(o.next_attempt_at, coalesce(o.claimed_until, o.next_attempt_at))) - now())
+FROM idem.outbox o WHERE o.status = 'pending' AND o.effect = ANY(%s)
+  AND NOT EXISTS (
+      SELECT 1 FROM idem.outbox e
+      WHERE e.effect = o.effect AND e.record_type = o.record_type AND e.external_id = o.external_id
+        AND e.status = 'pending' AND e.seq < o.seq
+  )
 """
 
 _RECORD = """
@@ -91,6 +122,15 @@ SET status = %(status)s, last_status = %(http_status)s, last_response = %(respon
 WHERE key = %(key)s AND claimed_by = %(worker)s AND status = 'pending'
 """
 
+# A delivered row's answer as data (``results_table:``): written by the transaction that marks it delivered.
+_RESULT = """
+INSERT INTO {table} (key, effect, record_type, external_id, record_key, response, status, delivered_at)
+SELECT key, effect, record_type, external_id, record_key, %(data)s, last_status, delivered_at
+FROM idem.outbox WHERE key = %(key)s AND status = 'delivered'
+ON CONFLICT (key) DO UPDATE SET response = EXCLUDED.response, status = EXCLUDED.status,
+    delivered_at = EXCLUDED.delivered_at
+"""
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -100,6 +140,7 @@ class Answer:
     text: str
     retry_after: float | None = None
     done: bool = False  # a function effect returned (no HTTP status to judge)
+    data: Any = None  # the whole answer as JSON (a results table's response), when kept
 
     @property
     def delivered(self) -> bool:
@@ -153,6 +194,7 @@ def deliver(
     report = DeliveryReport()
     deadline = time.monotonic() + wait_seconds
     with connect(url, autocommit=True, application_name="idem-effects") as conn:
+        ensure_results_tables(conn, sorted({e.results_table for e in effects if e.results_table}))
         while limit is None or report.attempts < limit:
             row = conn.execute(_CLAIM, {"effects": names, "leases": leases, "worker": worker}).fetchone()
             if row is None:
@@ -192,13 +234,17 @@ def _attempt(
         outcome, reason, delay = _judge(effect, answer, attempts)
         checkpoint("effect_sent", effect=effect.name)
     status = {"retrying": "pending"}.get(outcome, outcome)
-    recorded = conn.execute(
-        _RECORD,
-        {
-            "status": status, "http_status": answer.status, "response": scrub(answer.text)[:MAX_RESPONSE_CHARS],
-            "reason": reason, "delay": delay, "key": key, "worker": worker,
-        },
-    ).rowcount
+    params = {
+        "status": status, "http_status": answer.status, "response": scrub(answer.text)[:MAX_RESPONSE_CHARS],
+        "reason": reason, "delay": delay, "key": key, "worker": worker,
+    }
+    with conn.transaction():  # the outbox row and its result (results_table) together, or neither
+        recorded = conn.execute(_RECORD, params).rowcount
+        if recorded and status == "delivered" and effect.results_table is not None:
+            conn.execute(
+                sql.SQL(_RESULT).format(table=results_ident(effect.results_table)),
+                {"key": key, "data": Jsonb(answer.data)},
+            )
     if recorded:
         report.count(effect.name, outcome)
     else:
@@ -254,7 +300,8 @@ def call(conn: psycopg.Connection, effect: EffectConfig, key: str, payload: Any)
         )
     except Exception as error:  # noqa: BLE001 - the user's function: any failure is an answer to retry
         return Answer(None, f"{type(error).__name__}: {error}")
-    return Answer(None, json.dumps(recorded.get("result"), ensure_ascii=False, default=str), done=True)
+    result = recorded.get("result")
+    return Answer(None, json.dumps(result, ensure_ascii=False, default=str), done=True, data=result)
 
 
 def send(effect: EffectConfig, key: str, payload: Any) -> Answer:
@@ -269,7 +316,10 @@ def send(effect: EffectConfig, key: str, payload: Any) -> Answer:
     )
     try:
         with _OPENER.open(request, timeout=http.timeout_seconds) as response:
-            return Answer(response.status, _text(response.read(MAX_RESPONSE_CHARS * 4)))
+            if effect.results_table is None:
+                return Answer(response.status, _text(response.read(MAX_RESPONSE_CHARS * 4)))
+            whole = scrub(response.read(MAX_RESULT_BYTES).decode("utf-8", errors="replace"))
+            return Answer(response.status, whole[:MAX_RESPONSE_CHARS], data=as_json(whole))
     except urllib.error.HTTPError as error:
         text = _text(error.read(MAX_RESPONSE_CHARS * 4)) if error.fp is not None else ""
         return Answer(error.code, text, _retry_after(error.headers.get("Retry-After")))

@@ -58,7 +58,7 @@ def write_outbox(conn: psycopg.Connection, plan: CommitPlan) -> dict[str, int]:
             suppressed += int(row[0]) if row else 0
             continue
         insert = sql.SQL(
-            "INSERT INTO {schema}.outbox (key, effect, connector, record_type, record_key, payload, commit_id) "
+            "INSERT INTO {schema}.outbox (key, effect, connector, record_type, external_id, record_key, payload, commit_id) "
             "{query} ON CONFLICT (key) DO NOTHING"
         ).format(schema=sql.Identifier(SCHEMA), query=query)
         created += conn.execute(insert, params).rowcount
@@ -86,7 +86,8 @@ def _qualifying(rule: OutboxRule, spec: TableSpec, commit_id: str) -> tuple[sql.
         for field, column in rule.body
     )
     query = sql.SQL(
-        "SELECT {key}, %(effect)s, t._connector, t._record_type, t._idempotency_key, jsonb_build_object({body}), "
+        "SELECT {key}, %(effect)s, t._connector, t._record_type, t._external_id::text, t._idempotency_key, "
+        "jsonb_build_object({body}), "
         "t._commit_id FROM {table} t WHERE {conditions}"
     ).format(
         key=minted_key_sql(rule.key),

@@ -55,7 +55,9 @@ def test_an_effect_loads_with_its_defaults_and_the_connector_carries_its_rule(mo
         ({"key": ["connector", "external_id"]}, "key must include 'effect'"),
         ({"key": ["effect", "colour"]}, "key part 'colour' is neither a column of thing"),
         ({"python": {"function": "json:dumps", "body": {"id": "external_id"}}}, "exactly one of http: (a request) and python:"),
-        ({"results_table": "enriched"}, "not available in this release"),
+        ({"results_table": "thing"}, "results_table 'thing' is the table of record type 'thing'"),
+        ({"results_table": "outbox"}, "results_table 'outbox' is one of idem's own tables"),
+        ({"results_table": "Bad-Name"}, "effects[0].results_table"),
         ({"lease_seconds": 5}, "lease_seconds (5) must be longer than http.timeout_seconds (10)"),
         ({"max_attempts": 0}, "effects[0].max_attempts"),
         ({"name": "Bad Name"}, "effects[0].name"),
@@ -141,3 +143,13 @@ def test_a_function_that_cannot_be_called_is_refused_at_load(
     with pytest.raises(ConfigError) as raised:
         parse_config(path.read_text(), path)
     assert message in str(raised.value)
+
+
+def test_a_results_table_loads_and_two_effects_may_not_share_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDEM_TEST_SOAR_TOKEN", "t")
+    (effect,) = parse_config(_with(results_table="alert_answers")).effects
+    assert effect.results_table == "alert_answers"
+    data = yaml.safe_load(_with(results_table="alert_answers"))
+    data["effects"].append({**data["effects"][0], "name": "alert-2"})
+    with pytest.raises(ConfigError, match="results_table 'alert_answers' is the results table of effect 'alert'"):
+        parse_config(yaml.safe_dump(data))
