@@ -19,6 +19,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -55,9 +56,13 @@ DEFAULT_CONF: dict[str, str] = {
 DRIVER_JIT_OPTION = "-XX:TieredStopAtLevel=1"
 
 
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+"""The driver JVM's log configuration (its comments say why), unless the user names one."""
+
+
 def driver_java_options(existing: str | None, *, long_lived: bool = False) -> str | None:
     """``spark.driver.extraJavaOptions`` with idem's JIT default (C1 only, unless
-    ``long_lived``) and the CDS archive added.
+    ``long_lived``), its log configuration (:data:`LOG4J_CONFIG`) and the CDS archive added.
 
     Returns ``None`` when nothing needs to change.
     """
@@ -65,6 +70,8 @@ def driver_java_options(existing: str | None, *, long_lived: bool = False) -> st
     options = existing
     if not long_lived and (not options or "Tiered" not in options):
         options = " ".join(part for part in (options, DRIVER_JIT_OPTION) if part)
+    if not options or "log4j" not in options:
+        options = " ".join(part for part in (options, f"-Dlog4j.configurationFile={LOG4J_CONFIG}") if part)
     with_archive = java_options(options)
     options = with_archive or options
     return options if options != existing else None

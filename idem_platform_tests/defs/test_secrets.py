@@ -135,6 +135,7 @@ def test_an_ingest_by_the_cli_shows_the_password_nowhere(
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert (summary["rows_written"], summary["rows_rejected"]) == (1, 1)
     assert PASSWORD not in done.stdout and PASSWORD not in done.stderr
+    assert "log4j profile" not in done.stderr and "NativeCodeLoader" not in done.stderr  # idem's JVM log settings
     assert database_leaks(secret_url) == []
     home = Path(env["DAGSTER_HOME"])
     assert files_holding(home) == [] and files_holding(tmp_path / ".idem") == []

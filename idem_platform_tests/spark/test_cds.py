@@ -51,4 +51,5 @@ def test_the_archive_lives_per_installation_and_is_used_when_present(
     archive.write_bytes(b"")  # the JVM checks the archive itself (-Xshare:auto): here only the option
     options = driver_java_options("-Dx=1") or ""
     assert f"-XX:SharedArchiveFile={archive}" in options and "-Xshare:auto" in options and "-Dx=1" in options
-    assert driver_java_options("-XX:SharedArchiveFile=/mine.jsa -XX:TieredStopAtLevel=1") is None  # the user's wins
+    mine = "-XX:SharedArchiveFile=/mine.jsa -XX:TieredStopAtLevel=1 -Dlog4j.configurationFile=/mine.properties"
+    assert driver_java_options(mine) is None  # the user's archive, JIT and log configuration win
