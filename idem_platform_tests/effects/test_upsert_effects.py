@@ -13,8 +13,11 @@ import pytest
 from idem_platform.config import IdemConfig
 from idem_platform.errors import ConfigError
 from idem_platform.idempotency import mint_key
+from idem_platform.pipeline import commit as run
+from idem_platform.pipeline import ingest as pipeline
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
+from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.config import write_config
 from idem_platform_tests.helpers.database import reset_database, rows
 from idem_platform_tests.helpers.effects import outbox
@@ -105,6 +108,23 @@ def test_a_replayed_file_a_late_older_version_and_a_rebuild_owe_nothing(
         sync_tables(conn, rebuilt.table_specs)
     assert rows(pg_url, "SELECT count(*) FROM idem.indicator_state") == [(2,)]
     assert outbox(pg_url) == before
+
+
+def test_a_run_tagged_as_a_replay_changes_the_state_and_counts_what_it_suppressed(
+    pg_url: str, tmp_path: Path, spark: Any
+) -> None:
+    config = _config(tmp_path, pg_url)
+    connector = config.connector("feed")
+    assert connector.path is not None
+    path = write_lines(connector.path / "old.ndjson", ['{"id": "a", "version": 1}', '{"id": "a", "version": 2}'])
+    pipeline.prepare_tables(pg_url, config, connector)
+    coerced = pipeline.CoercedBatch(
+        pipeline.plan_batch(pg_url, connector, [path]), connector, pipeline.current_tables(pg_url, config, connector)
+    )
+    request = run.CommitRequest(url=pg_url, connector=connector, run_id="test", replay=True)
+    summary = run.commit_batch(request, coerced, lambda: spark)
+    assert (summary["effects_created"], summary["effects_suppressed"]) == (0, 1)  # the winner, version 2
+    assert outbox(pg_url) == [] and rows(pg_url, "SELECT count(*) FROM idem.indicator_current") == [(1,)]
 
 
 def test_on_change_and_the_change_part_are_for_upsert_tables_only(tmp_path: Path) -> None:
