@@ -3,8 +3,8 @@
 Everything here is declarative: the condition compares a column with constants, the body
 names columns, the key names parts. Nothing read from data is ever run as code: a
 Python-function effect names a function of a module the config lists (``effect_modules:``),
-imported and checked at load. What this release does not build (an effect on an upsert
-table's changes) is refused at load, so a half-feature is never reachable.
+imported and checked at load. An effect on an upsert table (``mode: upsert``) fires on
+what a commit did to the current state (``on_change``), never on history-only versions.
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ SYSTEM_PARTS = {
     "external_id": "_external_id",
     "content_hash": "_content_hash",
     "record_key": "_idempotency_key",
+    "change": "_change",  # inserted, updated or deleted: an upsert table's effects only
 }
 DEFAULT_KEY = ("effect", "connector", "record_type", "external_id", "content_hash")
+# An upsert table's effect: the change kind too, so one version never owes two rows.
+DEFAULT_UPSERT_KEY = ("effect", "connector", "record_type", "external_id", "change", "content_hash")
+CHANGES = ("inserted", "updated", "deleted")
+DEFAULT_CHANGES = ("inserted", "updated")
 CONDITION_KINDS = ("bool", "int", "long", "real", "string")
 MAX_RESPONSE_CHARS = 2000
 
@@ -137,7 +142,12 @@ class EffectConfig(ConfigModel):
     name: str = Field(pattern=f"^{NAME}$", description="[a-z0-9_-]{1,64}")
     record_type: str
     when: list[Condition] = Field(default_factory=list, description="All must hold; none: every written row.")
-    key: tuple[str, ...] = Field(DEFAULT_KEY, min_length=1)
+    key: tuple[str, ...] | None = Field(
+        None, min_length=1, description="The minted key's parts; default DEFAULT_KEY (upsert: DEFAULT_UPSERT_KEY)."
+    )
+    on_change: tuple[Literal["inserted", "updated", "deleted"], ...] | None = Field(
+        None, min_length=1, description="An upsert table's effect: the changes of its current state that fire it."
+    )
     http: HttpDelivery | None = None
     python: PythonDelivery | None = Field(None, description="A function of an effect_modules: module, instead of http.")
     max_attempts: int = Field(5, ge=1, le=100, description="Tries in all, the first included.")
@@ -161,7 +171,7 @@ class EffectConfig(ConfigModel):
     def _key_and_lease(self) -> EffectConfig:
         if (self.http is None) == (self.python is None):
             raise ValueError("an effect has exactly one of http: (a request) and python: (a function)")
-        if "effect" not in self.key:
+        if self.key is not None and "effect" not in self.key:
             raise ValueError("key must include 'effect' (two effects on one row never share a key)")
         if self.http is not None and self.lease_seconds <= self.http.timeout_seconds:
             raise ValueError(
@@ -187,31 +197,46 @@ class EffectConfig(ConfigModel):
         table = tables.get(self.record_type)
         if table is None:
             raise ValueError(f"record_type {self.record_type!r} is not in tables ({', '.join(sorted(tables)) or 'none'})")
-        if getattr(table, "mode", None) not in (None, "append"):
-            raise ValueError("effects on an upsert table's changes are not available in this release")
+        upsert = _is_upsert(table)
+        if not upsert and self.on_change is not None:
+            raise ValueError(f"on_change: {self.record_type} is not an upsert table (mode: upsert); its effects fire on written rows")
         kinds = {name: ColumnType.parse(column.type).kind for name, column in table.columns.items()}
         for condition in self.when:
             _check_condition(condition, kinds)
         where = "http" if self.http is not None else "python"
+        parts = SYSTEM_PARTS if upsert else {k: v for k, v in SYSTEM_PARTS.items() if k != "change"}
         for field, column in self.body.items():
-            if column not in kinds and column not in SYSTEM_PARTS or column == "effect":
+            if column not in kinds and column not in parts or column == "effect":
                 raise ValueError(f"{where}.body.{field}: {column!r} is neither a column of {self.record_type} nor one of "
-                                 f"{', '.join(sorted(set(SYSTEM_PARTS) - {'effect'}))}")
-        for part in self.key:
-            if part not in kinds and part not in SYSTEM_PARTS:
+                                 f"{', '.join(sorted(set(parts) - {'effect'}))}")
+        for part in self.key_parts(upsert):
+            if part not in kinds and part not in parts:
                 raise ValueError(f"key part {part!r} is neither a column of {self.record_type} nor one of "
-                                 f"{', '.join(sorted(SYSTEM_PARTS))}")
+                                 f"{', '.join(sorted(parts))}")
 
-    def rule(self) -> OutboxRule:
-        """What the commit needs of this effect (no URL, no headers: no secret travels with a plan)."""
+    def key_parts(self, upsert: bool) -> tuple[str, ...]:
+        """``key``, or the default of an effect on an append (``upsert`` false) or upsert table."""
+        if self.key is not None:
+            return self.key
+        return DEFAULT_UPSERT_KEY if upsert else DEFAULT_KEY
+
+    def rule(self, upsert: bool = False) -> OutboxRule:
+        """What the commit needs of this effect (no URL, no headers: no secret travels with a plan).
+
+        ``upsert``: the effect's table is an upsert table, so it fires on ``on_change``."""
         return OutboxRule(
             name=self.name,
             record_type=self.record_type,
             when=tuple((c.field, c.operator, _frozen(c.value)) for c in self.when),
             body=tuple(self.body.items()),
-            key=self.key,
+            key=self.key_parts(upsert),
             warn_pending_after_seconds=self.warn_pending_after_seconds,
+            on_change=(self.on_change or DEFAULT_CHANGES) if upsert else (),
         )
+
+
+def _is_upsert(table: TableConfig | None) -> bool:
+    return getattr(table, "mode", None) == "upsert"
 
 
 def _check_condition(condition: Condition, kinds: dict[str, str]) -> None:

@@ -387,7 +387,11 @@ def _own_effects(
 ) -> tuple[OutboxRule, ...]:
     """The effects on the record types ``connector`` writes, as its commits apply them."""
     names = {connector.record_type} if connector.record_type is not None else set(tables) - set(implicit)
-    return tuple(effect.rule() for effect in effects if effect.record_type in names)
+    return tuple(
+        effect.rule(getattr(tables.get(effect.record_type), "mode", None) == "upsert")
+        for effect in effects
+        if effect.record_type in names
+    )
 
 
 def _str(path: Path | None) -> str | None:

@@ -23,3 +23,6 @@ class OutboxRule:
     key: tuple[str, ...]
     # The effects_owed check's bound on the oldest pending row (evaluated after each commit).
     warn_pending_after_seconds: float = 3600.0
+    # An upsert table's effect: the changes of the current state that fire it (inserted,
+    # updated, deleted); empty for an append table's (every written row).
+    on_change: tuple[str, ...] = ()

@@ -77,6 +77,9 @@ class CurrentCounts:
     updated: int = 0
     deleted: int = 0
     stale: int = 0
+    # The record keys of the versions that gave an identity its first row (inserted), kept
+    # only when asked (an effect tells inserted from updated by them); not a count.
+    fresh: frozenset[str] = frozenset()
 
     def as_dict(self) -> dict[str, int]:
         return {"inserted": self.inserted, "updated": self.updated, "deleted": self.deleted, "stale": self.stale}
@@ -238,7 +241,7 @@ def _columns(conn: psycopg.Connection, name: str) -> list[str]:
 
 
 def fold(
-    conn: psycopg.Connection, spec: TableSpec, where: sql.Composable, params: dict[str, object]
+    conn: psycopg.Connection, spec: TableSpec, where: sql.Composable, params: dict[str, object], keep_fresh: bool = False
 ) -> CurrentCounts:
     """Fold the history rows ``where`` selects (alias ``h``) into the state; what it did.
 
@@ -246,7 +249,8 @@ def fold(
     replaces the state's row only when greater (the guard), so folding a row twice, or
     rows in any order, gives the same state. Candidates come in identity order, so two
     commits folding the same identities lock their state rows in one order (no deadlock).
-    ``stale`` is left to the caller, who knows how many versions it wrote."""
+    ``stale`` is left to the caller, who knows how many versions it wrote; ``keep_fresh``:
+    the result names the inserted versions' record keys (``fresh``)."""
     upsert = spec.upsert
     if upsert is None:
         return CurrentCounts()
@@ -265,7 +269,7 @@ def fold(
         "ON CONFLICT ({columns}) DO UPDATE SET _order = excluded._order, _content_hash = excluded._content_hash, "
         "_record_key = excluded._record_key, _deleted = excluded._deleted, _commit_id = excluded._commit_id "
         "WHERE (excluded._order, excluded._content_hash, excluded._record_key) > (s._order, s._content_hash, s._record_key) "
-        "RETURNING (s.xmax = 0), s._deleted"
+        "RETURNING (s.xmax = 0), s._deleted, s._record_key"
     ).format(
         state=state_ident(spec.record_type),
         columns=columns,
@@ -277,20 +281,27 @@ def fold(
         not_null=not_null,
     )
     inserted = updated = deleted_count = 0
+    kept: set[str] = set()
     params = {**params, "delete_field": upsert.delete_field, "delete_equals": upsert.delete_equals}
-    for fresh, is_deleted in conn.execute(statement, params).fetchall():
+    for fresh, is_deleted, record_key in conn.execute(statement, params):
         if is_deleted:
             deleted_count += 1
         elif fresh:
             inserted += 1
+            if keep_fresh:
+                kept.add(record_key)
         else:
             updated += 1
-    return CurrentCounts(inserted=inserted, updated=updated, deleted=deleted_count)
+    return CurrentCounts(inserted=inserted, updated=updated, deleted=deleted_count, fresh=frozenset(kept))
 
 
-def fold_commit(conn: psycopg.Connection, spec: TableSpec, commit_id: str, written: int) -> CurrentCounts:
+def fold_commit(
+    conn: psycopg.Connection, spec: TableSpec, commit_id: str, written: int, keep_fresh: bool = False
+) -> CurrentCounts:
     """Fold the versions commit ``commit_id`` wrote to the history (``written`` of them,
-    found by the history's ``_commit_id`` index) into the state, in its transaction."""
-    counts = fold(conn, spec, sql.SQL("h._commit_id = %(commit_id)s::uuid"), {"commit_id": commit_id})
+    found by the history's ``_commit_id`` index) into the state, in its transaction.
+    ``keep_fresh``: name the inserted versions (the table has effects, which tell inserted
+    from updated by them)."""
+    counts = fold(conn, spec, sql.SQL("h._commit_id = %(commit_id)s::uuid"), {"commit_id": commit_id}, keep_fresh)
     applied = counts.inserted + counts.updated + counts.deleted
-    return CurrentCounts(counts.inserted, counts.updated, counts.deleted, max(written - applied, 0))
+    return CurrentCounts(counts.inserted, counts.updated, counts.deleted, max(written - applied, 0), counts.fresh)

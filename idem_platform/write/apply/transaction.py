@@ -241,7 +241,8 @@ class ApplyTransaction:
             result["tombstones_skipped"] = tombstones
         valid_through = moved.pop("valid_through", None)
         result.update(moved)
-        result.update(write_outbox(self.conn, plan))  # the effects its written rows owe (idem_platform.effects)
+        # The effects its written rows owe, and an upsert table's the changes of its current state owe.
+        result.update(write_outbox(self.conn, plan, current))
         record_applied(
             self.conn, plan, result, counts=(rows_written, idempotent_skips, rows_rejected), valid_through=valid_through
         )
@@ -259,9 +260,10 @@ class ApplyTransaction:
             if spec.upsert is None or not staged.get(record_type):
                 continue
             written = self.inserts.written[record_type]
+            keep = any(rule.record_type == record_type for rule in self.plan.effects)  # inserted vs updated
             with lock_wait(self.plan, f"the current state of {qualified_table_name(record_type)}"):
                 folded[record_type] = (
-                    fold_commit(self.conn, spec, self.plan.commit_id, written) if written else CurrentCounts()
+                    fold_commit(self.conn, spec, self.plan.commit_id, written, keep) if written else CurrentCounts()
                 )
         if folded:
             self.fold_seconds = time.monotonic() - started
