@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/threatfeed/idem.yaml
 
-.PHONY: install demo typecheck test test-pythons test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate bench-partitions bench-upsert kafka-broker lint stop stop-spark stop-postgres clean
+.PHONY: install demo typecheck test test-pythons test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate bench-partitions bench-upsert bench-effects kafka-broker lint stop stop-spark stop-postgres clean
 
 # The C extension (idem_platform/coercion/*.c) is optional for pip; here a failed build is said out loud.
 $(STAMP): pyproject.toml $(wildcard idem_platform/coercion/*.c) idem_platform/spark/cds.py
@@ -91,6 +91,11 @@ bench-sensor: install
 ## bench-migrate: a table of N rows (half at v1) read through the migration read path, then idem migrate
 bench-migrate: install
 	$(PY) benchmarks/migrate_bench.py $(ARGS)
+
+## bench-effects: 10,000 outbound effects to a loopback receiver with one and two dispatchers (deliveries/s,
+## commit-to-delivery p50/p99), and the same 200k-record ingest with effects on vs off
+bench-effects: install
+	$(PY) benchmarks/effects_bench.py $(ARGS)
 
 ## bench-partitions: one file-drop connector at 1,000 / 5,000 / 20,000 file partitions: a sensor tick with one new
 ## file, the asset page's GraphQL queries, a backfill over all partitions (--partitions N, --postgres URL)

@@ -96,7 +96,7 @@ class HttpDelivery(ConfigModel):
     @classmethod
     def _headers(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if name.lower() in ("idempotency-key", "content-type", "content-length", "host"):
+            if name.lower() in ("idempotency-key", "content-length", "host"):
                 raise ValueError(f"header {name!r} is set by idem, not by the config")
         return value
 

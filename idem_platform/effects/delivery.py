@@ -312,7 +312,7 @@ def send(effect: EffectConfig, key: str, payload: Any) -> Answer:
         http.url,
         data=json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
         method=http.method,
-        headers={**http.headers, "Content-Type": "application/json", "Idempotency-Key": key},
+        headers={"Content-Type": "application/json", **http.headers, "Idempotency-Key": key},
     )
     try:
         with _OPENER.open(request, timeout=http.timeout_seconds) as response:

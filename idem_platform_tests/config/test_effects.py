@@ -82,6 +82,7 @@ def test_a_mistake_is_one_config_error_naming_it(
         ({"url": "ftp://x"}, "effects[0].http.url"),
         ({"method": "GET"}, "effects[0].http.method"),
         ({"headers": {"Idempotency-Key": "k"}}, "header 'Idempotency-Key' is set by idem"),
+        ({"headers": {"Content-Length": "3"}}, "header 'Content-Length' is set by idem"),
     ],
 )
 def test_a_mistake_in_the_request_is_refused(http: dict[str, object], message: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,6 +92,14 @@ def test_a_mistake_in_the_request_is_refused(http: dict[str, object], message: s
     with pytest.raises(ConfigError) as raised:
         parse_config(yaml.safe_dump(data))
     assert message in str(raised.value)
+
+
+def test_content_type_may_be_set_to_push_ndjson(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDEM_TEST_SOAR_TOKEN", "t")
+    data = yaml.safe_load(_with())
+    data["effects"][0]["http"]["headers"]["Content-Type"] = "application/x-ndjson"
+    http = parse_config(yaml.safe_dump(data)).effects[0].http
+    assert http is not None and http.headers["Content-Type"] == "application/x-ndjson"
 
 
 def test_an_unset_secret_and_a_twice_used_name_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
