@@ -95,7 +95,7 @@ def test_a_mistake_in_the_request_is_refused(http: dict[str, object], message: s
 
 
 def test_content_type_may_be_set_to_push_ndjson(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("IDEM_TEST_SOAR_TOKEN", "t")
+    monkeypatch.setenv("IDEM_TEST_SOAR_TOKEN", "tok-5e1d0c")  # remembered as a secret: never a common text
     data = yaml.safe_load(_with())
     data["effects"][0]["http"]["headers"]["Content-Type"] = "application/x-ndjson"
     http = parse_config(yaml.safe_dump(data)).effects[0].http
