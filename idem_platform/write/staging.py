@@ -351,6 +351,24 @@ def copy_direct(conn: psycopg.Connection, table: str, columns: list[str], rows: 
         return cursor.rowcount
 
 
+def in_key_order(data: bytes | bytearray, ends: Sequence[int], keys: Sequence[str], held: set[int]) -> tuple[bytes, int]:
+    """The COPY tuples in ``data`` (each ending at its ``ends``) but the ``held`` ones
+    (1-based positions), sorted by their idempotency ``keys``; and how many.
+
+    Why sorted: the applying ``INSERT … SELECT`` reads a staged table in the order it
+    was written, and the table's primary key is the idempotency key, a hash. In key
+    order, consecutive insertions (and the anti-join's probes) land on neighbouring
+    index pages, and into an empty table on PostgreSQL's right-edge fast path, instead
+    of a random page each: about a quarter less of the apply's single-backend CPU per
+    row at the shared benchmark's row width, paid for by a sort in the parallel
+    executors. Nothing reads meaning into the staged order (the apply's ``DISTINCT
+    ON`` names its own order).
+    """
+    view = memoryview(data)
+    order = sorted((i for i in range(len(ends)) if i + 1 not in held), key=keys.__getitem__)
+    return b"".join(view[(ends[i - 1] if i else 0) : ends[i]] for i in order), len(order)
+
+
 def staged_column_names(spec: TableSpec) -> list[str]:
     """The staging table's columns in staging order (what :func:`staged_rows` and direct rows hold)."""
     return [name for name, _ in STAGED_SYSTEM] + [c.name for c in staged_columns(spec)]
@@ -416,6 +434,8 @@ class StagingWriter:
             if rows.num_rows and record_type in self._probing:
                 rows = self._without_known(record_type, rows)
             if rows.num_rows:
+                # In key order, as direct rows are (see in_key_order).
+                rows = rows.take(pc.sort_indices(rows, [("_idempotency_key", "ascending")]))
                 staged, refused = self._copy_each(self.plan.staging_table(record_type), rows)
                 self.rows[record_type] = self.rows.get(record_type, 0) + staged
                 with_extra -= sum(row.column("_extra").null_count == 0 for row, _, _ in refused)
@@ -466,20 +486,14 @@ class StagingWriter:
         return staged, refused
 
     def _write_direct(self, record_type: str, spec: TableSpec, direct: DirectRows) -> None:
-        """COPY a record type's direct rows (without those the table already holds, while probing)."""
-        data: bytes | bytearray = direct.rows[record_type]
-        ends = direct.ends[record_type]
-        count = len(ends)
+        """COPY a record type's direct rows in key order (without those the table already
+        holds, while probing)."""
+        keys = direct.keys[record_type]
+        held: set[int] = set()
         if record_type in self._probing:
-            found = self._known_indexes(record_type, direct.keys[record_type])
-            if found:
-                held = set(found)
-                view = memoryview(data)
-                data = b"".join(
-                    view[(ends[i - 1] if i else 0) : ends[i]] for i in range(count) if i + 1 not in held
-                )
-                self.known[record_type] = self.known.get(record_type, 0) + len(found)
-                count -= len(found)
+            held = set(self._known_indexes(record_type, keys))
+            self.known[record_type] = self.known.get(record_type, 0) + len(held)
+        data, count = in_key_order(direct.rows[record_type], direct.ends[record_type], keys, held)
         if count:
             template = self.plan.staging_table(record_type)
             try:

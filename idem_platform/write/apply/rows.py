@@ -66,9 +66,11 @@ class TableInserts:
     ) -> None:
         """Insert one attempt's staged rows of ``record_type`` and count what that did
         (``streaming``: a conflict must end streaming, not the commit)."""
+        by_prefix = self.written_by_prefix[record_type] if self.written_by_prefix is not None else None
+        prefix = self._one_prefix(message) if by_prefix is not None else None
         with lock_wait(self.plan, f"table {qualified_table_name(record_type)}", streaming=streaming):
             retyped = self._retyped_columns(record_type)
-            self.written[record_type] += insert_rows(
+            count = insert_rows(
                 self.conn,
                 self.plan,
                 record_type,
@@ -78,8 +80,11 @@ class TableInserts:
                 unique_keys=message.unique_keys,
                 on_conflict=not streaming,
                 retyped=retyped,
-                by_prefix=self.written_by_prefix[record_type] if self.written_by_prefix is not None else None,
+                by_prefix=by_prefix if prefix is None else None,
             )
+        self.written[record_type] += count
+        if by_prefix is not None and prefix is not None:
+            by_prefix[prefix] = by_prefix.get(prefix, 0) + count
         self.inserted.add((record_type, message.partition))
         if evolution.fill:
             self.filled.add(record_type)
@@ -87,6 +92,19 @@ class TableInserts:
             if key not in self.to_props[record_type]:
                 self.to_props[record_type].append(key)
         self.props_reasons[record_type].update(evolution.reasons)
+
+    def _one_prefix(self, message: StagedAttempt) -> str | None:
+        """The one unit position prefix of every row ``message`` staged, if its records all
+        came from units of one prefix (a slice of one file, typically); else ``None``.
+
+        Then the insert's row count is that unit's, and the per-unit count needs no
+        ``RETURNING _source`` grouped by prefix: measured, that costs the single applying
+        backend about a fifth more CPU per row.
+        """
+        if message.records is None:
+            return None
+        prefixes = {self.plan.units[index].position_prefix for index in message.records}
+        return prefixes.pop() if len(prefixes) == 1 else None
 
     def evolve(self, record_type: str, keys: list[str]) -> Evolution:
         """What each unknown field becomes: a text column (added now, within the budget) or ``props``."""
