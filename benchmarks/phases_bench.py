@@ -212,7 +212,10 @@ class Sampler:
                     name = child.name()
                 except psutil.Error:
                     continue
-                out.append((child.pid, "jvm" if name == "java" else "workers"))
+                if name == "java":
+                    out.append((child.pid, "jvm"))
+                elif name.startswith("python"):  # pyspark.daemon and its workers
+                    out.append((child.pid, "workers"))
         if self.spark_server_pid:
             out.append((self.spark_server_pid, "jvm"))
         return out
