@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 CONFIG ?= examples/threatfeed/idem.yaml
 
-.PHONY: install demo typecheck test test-pythons test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-small bench-sensor bench-migrate bench-partitions bench-upsert bench-effects kafka-broker lint stop stop-spark stop-postgres clean
+.PHONY: install demo typecheck test test-pythons test-fast fuzz dev serve bench bench-curve bench-kafka bench-push bench-shared bench-phases bench-small bench-sensor bench-migrate bench-partitions bench-upsert bench-effects kafka-broker lint stop stop-spark stop-postgres clean
 
 # The C extension (idem_platform/coercion/*.c) is optional for pip; here a failed build is said out loud.
 $(STAMP): pyproject.toml $(wildcard idem_platform/coercion/*.c) idem_platform/spark/cds.py
@@ -74,6 +74,11 @@ bench-push: install
 ## data and server, rounds interleaved, plus the 1-line / 1,000-line / STIX cases; needs ../shared/bench (--shared DIR)
 bench-shared: install
 	$(PY) benchmarks/shared_bench.py $(ARGS)
+
+## bench-phases: where a first ingest's time goes, per phase and per process (CPU), cold and warm, on the shared
+## benchmark's data and server, and what PostgreSQL spends per row in the promote (--records N, --out FILE)
+bench-phases: install
+	$(PY) benchmarks/phases_bench.py $(ARGS)
 
 ## bench-upsert: upsert tables: 1M change events (5 % deletes, 10 % duplicates, a tenth late) in 10 files, idem beside a
 ## hand-written COPY + ON CONFLICT DO UPDATE WHERE newer and dlt's upsert merge, plus the daily delta on a 10M-row table

@@ -384,13 +384,17 @@ def _stage_and_apply(
                 f"applying {applying.records_staged:,} records into "
                 + ", ".join(qualified_table_name(t) for t in sorted(plan.tables))
             )
+        finishing = time.monotonic()
         result = applying.finish()
+        finish_seconds = time.monotonic() - finishing
     if applying.leftovers:  # the connection went after COMMIT: drop them on a new one
         drop_staging_quietly(request.url, [plan.commit_id])
     task_seconds = [jobs.task_seconds[i] for i in sorted(jobs.task_seconds)]
     attempt_numbers = [jobs.attempt_numbers[i] for i in sorted(jobs.attempt_numbers)]
     return result, {
         "stage_and_insert_seconds": round(staged_seconds, 3),
+        # After the last slice staged: the remaining inserts, the checks, the ledger and COMMIT.
+        "finish_seconds": round(finish_seconds, 3),
         "stage_task_seconds": [round(t, 2) for t in task_seconds],
         # Spark's attempt number of the accepted attempt of each slice (0 = first try).
         "stage_attempt_numbers": attempt_numbers,
@@ -484,10 +488,12 @@ def commit_batch(
         batch = _refresh(request.url, batch)  # a run we waited for may have committed some units
         if batch.fully_replayed:
             return replay_batch(request, batch, started=started)
+        session_started = time.monotonic()
         try:
             session = spark() if batch.slices else None  # empty files: nothing to read, no Spark
         except Exception as exc:  # noqa: BLE001 - a server that does not answer is one line too
             raise as_idem_error(exc) from exc
+        session_seconds = time.monotonic() - session_started
         plan = _claim_and_create_staging(request, batch, coerced.tables)
         checkpoint("claimed")
         stage_started = time.monotonic()
@@ -498,6 +504,8 @@ def commit_batch(
         result["timings"] = {
             **result.get("timings", {}),
             "prepare_seconds": round(stage_started - prepare_started, 3),
+            # Of prepare_seconds: starting (cold) or reaching (warm) Spark.
+            "spark_session_seconds": round(session_seconds, 3),
             **stage_timings,
         }
     if plan.step is not None:

@@ -112,7 +112,11 @@ def test_staging_holds_no_lock_on_the_target_table(pg_url: str, feeds: IdemConfi
     summary = ingest(pg_url, feeds, spark, "feed-a", file, progress=progress)
     assert summary["rows_written"] == 500
     assert seen and all(locks == [] for locks in seen), seen
-    assert "lock_wait_seconds" in summary["timings"]
+    timings = summary["timings"]
+    assert "lock_wait_seconds" in timings
+    # The phases a benchmark lays out: Spark's session within prepare, COMMIT within finish.
+    assert 0 <= timings["spark_session_seconds"] <= timings["prepare_seconds"]
+    assert timings["commit_seconds"] <= timings["finish_seconds"]
 
 
 def test_two_connectors_into_one_table_commit_while_a_reader_reads(pg_url: str, feeds: IdemConfig, spark: Any) -> None:
