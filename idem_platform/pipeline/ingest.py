@@ -47,9 +47,14 @@ def read_ledger(url: str, namespace: str, keys: list[str]) -> dict[str, LedgerEn
 
 
 def plan_files(url: str, connector: ConnectorConfig, paths: Sequence[str | Path]) -> SourceBatch:
-    """Hash every file (chunked) and split the batch into pending files and replays."""
+    """Hash every file (chunked) and split the batch into pending files and replays.
 
-    hashed = [hash_file(p, max_split_bytes=connector.split_bytes) for p in dict.fromkeys(Path(p).resolve() for p in paths)]
+    The batch's files are in path order whatever order they are given in: the order a
+    commit reads them in is the order of their versions in an upsert table without
+    ``order_by`` (and which of two files gives a record first), so it must not depend on
+    who listed them."""
+    ordered = sorted(dict.fromkeys(Path(p).resolve() for p in paths))
+    hashed = [hash_file(p, max_split_bytes=connector.split_bytes) for p in ordered]
     entries = read_ledger(url, connector.name, sorted({f.key for f in hashed}))
     return batch_of_files(connector.name, hashed, entries, max_slice_bytes=connector.split_bytes)
 

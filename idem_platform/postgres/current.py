@@ -38,6 +38,7 @@ from psycopg import sql
 
 from idem_platform.contract.catalog import (
     EXTERNAL_ID,
+    SOURCE_ORDER,
     SOURCE_POSITION,
     TableSpec,
     UpsertSpec,
@@ -121,11 +122,22 @@ def _order_and_delete(upsert: UpsertSpec) -> tuple[sql.Composable, sql.Composabl
             sql.SQL("({} -> 'source' ->> 'lsn')::bigint").format(event),
             sql.SQL("coalesce({} ->> 'op' = 'd', false)").format(event),
         )
-    order = sql.SQL("h.{}").format(sql.Identifier(upsert.order_by))
+    order = _SOURCE_ORDER if upsert.by_source else sql.SQL("h.{}").format(sql.Identifier(upsert.order_by))
     if upsert.delete_field is None:
         return order, sql.SQL("false")
     # Parameters, not literals: a value may hold '%', which a literal would make a placeholder.
     return order, sql.SQL("coalesce(h._payload -> %(delete_field)s::text = %(delete_equals)s::jsonb, false)")
+
+
+# A history row's source order (alias ``h``). A version written before its table was in
+# the source's order has none: it comes before every other, ordered by its commit's time
+# (``_ingested_at`` is the commit transaction's start) and its offset or line (the number that
+# ends ``_source``), so switching an append table to the source's order keeps its history's
+# latest versions current.
+_SOURCE_ORDER = sql.SQL(
+    "coalesce(h._source_order, ARRAY[0, (extract(epoch FROM h._ingested_at) * 1000000)::bigint, "
+    "coalesce(substring(h._source FROM '([0-9]{1,18})$')::bigint, 0)])"
+)
 
 
 def _postgres_type(spec: TableSpec, name: str) -> str:
@@ -133,6 +145,8 @@ def _postgres_type(spec: TableSpec, name: str) -> str:
         return "text"
     if name == SOURCE_POSITION:
         return "bigint"
+    if name == SOURCE_ORDER:
+        return "bigint[]"
     for column in spec.columns:
         if column.name == name:
             return column.type.postgres
@@ -175,6 +189,8 @@ def sync_current(conn: psycopg.Connection, spec: TableSpec) -> None:
         if recorded is not None:
             _drop(conn, spec.record_type)
         return
+    if spec.upsert.by_source:
+        _add_source_order(conn, spec.record_type)
     wanted = _definition(spec, spec.upsert)
     if recorded == wanted:
         refresh_current_view(conn, spec.record_type)
@@ -192,6 +208,18 @@ def sync_current(conn: psycopg.Connection, spec: TableSpec) -> None:
     _create_state(conn, spec, spec.upsert, wanted)
     fold(conn, spec, sql.SQL("TRUE"), {})
     refresh_current_view(conn, spec.record_type)
+
+
+def _add_source_order(conn: psycopg.Connection, record_type: str) -> None:
+    """Give the history of a table in the source's order its ``_source_order`` column (the
+    order each commit writes beside its versions); nothing when it has it (no lock taken)."""
+    if SOURCE_ORDER in _columns(conn, table_name(record_type)):
+        return
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint[]").format(
+            _ident(table_name(record_type)), sql.Identifier(SOURCE_ORDER)
+        )
+    )
 
 
 def _create_state(conn: psycopg.Connection, spec: TableSpec, upsert: UpsertSpec, comment: str) -> None:

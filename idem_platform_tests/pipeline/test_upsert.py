@@ -78,7 +78,6 @@ def folded(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ("mode: upsert\n    columns: {version: long}", "mode: upsert needs order_by"),
         ("mode: upsert\n    order_by: name\n    columns: {name: string}", "order_by 'name' must be a declared column of type"),
         ("mode: upsert\n    order_by: seen\n    columns: {version: long}", "order_by 'seen' must be a declared column"),
         ("order_by: version\n    columns: {version: long}", "order_by: only for mode: upsert tables"),
