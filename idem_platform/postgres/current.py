@@ -323,6 +323,38 @@ def fold(
     return CurrentCounts(inserted=inserted, updated=updated, deleted=deleted_count, fresh=frozenset(kept))
 
 
+def refold(conn: psycopg.Connection, spec: TableSpec, keys: sql.Composable) -> None:
+    """Fold again, from the whole history, the identities of the rows whose record keys
+    the query ``keys`` selects (their identity now, and the identity of a state row naming
+    one of them), inside the caller's transaction: for ``idem migrate``, which rewrites old
+    rows' typed columns in place, so their order, identity or delete mark may have changed
+    under a state that was folded from the values before. The guard only lets a greater
+    order in, so those identities' state rows are deleted first, then folded anew."""
+    upsert = spec.upsert
+    if upsert is None:
+        return
+    names = [sql.Identifier(n) for n in upsert.identity]
+    columns = sql.SQL(", ").join(names)
+    of_h = sql.SQL(", ").join(sql.SQL("h.{}").format(n) for n in names)
+    of_s = sql.SQL(", ").join(sql.SQL("s.{}").format(n) for n in names)
+    of_r = sql.SQL(", ").join(sql.SQL("r.{}").format(n) for n in names)
+    state, history = state_ident(spec.record_type), _ident(table_name(spec.record_type))
+    conn.execute("DROP TABLE IF EXISTS pg_temp.idem_refold")
+    conn.execute(
+        sql.SQL(
+            "CREATE TEMPORARY TABLE idem_refold ON COMMIT DROP AS "
+            "SELECT {of_h} FROM {history} h WHERE h._idempotency_key IN ({keys}) "
+            "UNION SELECT {of_s} FROM {state} s WHERE s._record_key IN ({keys})"
+        ).format(of_h=of_h, of_s=of_s, history=history, state=state, keys=keys)
+    )
+    conn.execute(
+        sql.SQL("DELETE FROM {state} s USING idem_refold r WHERE ({of_s}) = ({of_r})").format(
+            state=state, of_s=of_s, of_r=of_r
+        )
+    )
+    fold(conn, spec, sql.SQL("({of_h}) IN (SELECT {columns} FROM idem_refold)").format(of_h=of_h, columns=columns), {})
+
+
 def fold_commit(
     conn: psycopg.Connection, spec: TableSpec, commit_id: str, written: int, keep_fresh: bool = False
 ) -> CurrentCounts:
