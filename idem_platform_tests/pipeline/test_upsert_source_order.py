@@ -364,3 +364,43 @@ def test_kafka_offsets_order_versions_and_rereading_them_changes_nothing(
     )
     ingest_kafka(pg_url, config, spark)
     assert current(pg_url)["y"] == "p1"
+
+
+# --- HTTP pushes: the order they landed in ---------------------------------------------------
+
+
+def test_pushed_bodies_one_commit_takes_are_in_the_order_they_landed(
+    pg_url: str, tmp_path: Path, spark: Any
+) -> None:
+    """Bodies land as ``<sha256>.ndjson``: the commit reads them by landing time (mtime), not
+    by that name. The mtimes are set here so that name order and landing order disagree."""
+    import os
+
+    from idem_platform.sources.push.landing import Spool
+
+    config = config_at(tmp_path, pg_url, BY_SOURCE.replace("kind: filedrop", "kind: http"))
+    drop = config.connector("feed").path
+    assert drop is not None
+    drop.mkdir(parents=True, exist_ok=True)
+    landed = []
+    for value in ("one", "two"):
+        with Spool(drop, limit=1 << 20) as spool:
+            spool.write(json.dumps({"id": "a", "value": value}).encode() + b"\n")
+            landed.append((value, Path(spool.publish().path)))
+    by_name = sorted(landed, key=lambda item: item[1].name)
+    for stamp, (_, path) in enumerate(reversed(by_name), 1):  # the greater name landed first
+        os.utime(path, ns=(stamp * 10**9, stamp * 10**9))
+    ingest_batch(pg_url, config, spark, [path for _, path in landed])
+    assert current(pg_url) == {"a": by_name[0][0]}  # the body that landed last
+
+
+def test_idem_read_reads_a_table_in_the_source_order(pg_url: str, tmp_path: Path, spark: Any) -> None:
+    from idem_platform.read.planner import plan_read
+    from idem_platform.read.render import lines_in_process
+
+    config = config_at(tmp_path, pg_url)
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [{"id": "a", "value": "A"}, {"id": "a", "value": "B"}])
+    plan, _ = plan_read(pg_url, config, "indicator", ordered=True, current=True)
+    assert [json.loads(line)["value"] for line in lines_in_process(plan) if line] == ["B"]
+    plan, _ = plan_read(pg_url, config, "indicator", ordered=True)
+    assert sorted(json.loads(line)["value"] for line in lines_in_process(plan) if line) == ["A", "B"]
