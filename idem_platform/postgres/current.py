@@ -23,6 +23,11 @@ was folded in by the commit that wrote it, so replays, repeats and any arrival o
 the same state. A delete is a version like any other, kept as a tombstone: an older
 version arriving later loses to it, a newer one wins.
 
+**The order** is the ``order_by`` column's value, a Debezium event's ``source.lsn``, or, on
+a table without ``order_by``, the source's own order: ``_source_order``, ``ARRAY[commit
+number, position in the commit]``, which the commit writes beside each version it inserts
+(:mod:`idem_platform.write.apply.rows`); arrays compare element by element.
+
 A state table is derived data: when its definition (identity, order, delete rule) differs
 from the config's, it is rebuilt from the history; when the table goes back to append
 mode it is dropped. Its comment records the definition it was built for.
