@@ -167,6 +167,28 @@ def test_files_one_commit_takes_are_in_the_order_it_reads_them(
     assert orders[0][1][0] == orders[1][1][0]  # one commit, one number
 
 
+def test_a_copy_in_the_same_batch_is_the_same_file(pg_url: str, tmp_path: Path, spark: Any) -> None:
+    """``a`` and its copy ``z`` in one batch, ``b`` between them in path order, each file over
+    several slices (``split_bytes``): the copy's records have ``a``'s keys, and the earliest
+    slice wins a repeated key, so the version is ``a``'s, at ``a``'s place, and ``b``'s
+    version stays the later one."""
+    config = config_at(
+        tmp_path, pg_url, BY_SOURCE.replace("id_field: id", "id_field: id\n    split_bytes: 65536")
+    )
+    drop = config.connector("feed").path
+    assert drop is not None
+    filler = [json.dumps({"id": f"f{n}", "value": "x" * 40}) for n in range(3000)]
+    a = write_lines(drop / "a.ndjson", [*filler, json.dumps({"id": "x", "value": "A"})])
+    b = write_lines(drop / "b.ndjson", [json.dumps({"id": "x", "value": "B"})])
+    z = drop / "z.ndjson"
+    z.write_bytes(a.read_bytes())
+    summary = ingest_batch(pg_url, config, spark, [z, b, a])
+    assert summary["rows_written"] == 3002
+    assert current(pg_url)["x"] == "B"
+    ((order,),) = rows(pg_url, "SELECT _source_order FROM idem.indicator WHERE value = 'A'")
+    assert order[1] >> 40 == 0  # a's unit
+
+
 def test_switching_between_order_by_and_the_source_order_rebuilds_the_state(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
@@ -394,13 +416,25 @@ def test_pushed_bodies_one_commit_takes_are_in_the_order_they_landed(
     assert current(pg_url) == {"a": by_name[0][0]}  # the body that landed last
 
 
-def test_idem_read_reads_a_table_in_the_source_order(pg_url: str, tmp_path: Path, spark: Any) -> None:
+def test_idem_read_reads_a_table_in_the_source_order(
+    pg_url: str, tmp_path: Path, spark: Any
+) -> None:
     from idem_platform.read.planner import plan_read
     from idem_platform.read.render import lines_in_process
 
     config = config_at(tmp_path, pg_url)
-    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [{"id": "a", "value": "A"}, {"id": "a", "value": "B"}])
+    ingest_records(
+        pg_url,
+        config,
+        spark,
+        "feed",
+        "1.ndjson",
+        [{"id": "a", "value": "A"}, {"id": "a", "value": "B"}],
+    )
     plan, _ = plan_read(pg_url, config, "indicator", ordered=True, current=True)
     assert [json.loads(line)["value"] for line in lines_in_process(plan) if line] == ["B"]
     plan, _ = plan_read(pg_url, config, "indicator", ordered=True)
-    assert sorted(json.loads(line)["value"] for line in lines_in_process(plan) if line) == ["A", "B"]
+    assert sorted(json.loads(line)["value"] for line in lines_in_process(plan) if line) == [
+        "A",
+        "B",
+    ]
