@@ -9,6 +9,7 @@ new version at its new position, so it is current again."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,15 @@ def test_the_last_line_wins_a_value_that_comes_back_is_current_and_a_copy_change
         1,
     )
     assert current(pg_url) == {"a": "A"}  # A came back: the version at the later position
+    # Its content hash (and record key) covers its position: sha1("<position>\n<sha1(canonical)>").
+    for source, content_hash, key, payload in rows(
+        pg_url, "SELECT _source, _content_hash, _idempotency_key, _payload FROM idem.indicator"
+    ):
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+        expected = hashlib.sha1(
+            f"{source}\n{hashlib.sha1(canonical).hexdigest()}".encode()
+        ).hexdigest()
+        assert (content_hash, key) == (expected, f"feed:indicator:{payload['id']}:{expected[:12]}")
     assert rows(pg_url, "SELECT count(*) FROM idem.indicator WHERE value = 'A'") == [(2,)]
     # The state's order is the history row's _source_order: [the commit's number, its position].
     ((order, source_order, source),) = rows(
