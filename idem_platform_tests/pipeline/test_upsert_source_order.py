@@ -448,3 +448,38 @@ def test_idem_read_reads_a_table_in_the_source_order(
         "A",
         "B",
     ]
+
+
+@pytest.mark.slow
+def test_a_kill_before_commit_leaves_nothing_and_the_rerun_orders_after_every_earlier_commit(
+    pg_url: str, tmp_path: Path, spark: Any
+) -> None:
+    from idem_platform_tests.helpers.cli import cli_env, idem_command
+    from idem_platform_tests.helpers.faults import kill_at_fault
+
+    config = config_at(tmp_path, pg_url)
+    ingest_records(
+        pg_url,
+        config,
+        spark,
+        "feed",
+        "1.ndjson",
+        [{"id": "a", "value": "A"}, {"id": "b", "value": "1"}],
+    )
+    drop = config.connector("feed").path
+    assert drop is not None
+    second = [{"id": "a", "value": "B"}, {"id": "b", "op": "d"}, {"id": "a", "value": "A"}]
+    path = write_lines(drop / "2.ndjson", [json.dumps(r) for r in second])
+    marker = tmp_path / "during_apply.pid"
+    env = cli_env(pg_url, tmp_path, config, f"during_apply:pause:{marker}")
+    kill_at_fault(idem_command("ingest", "--connector", "feed", str(path)), env, marker)
+    assert current(pg_url) == {"a": "A", "b": "1"}  # the killed commit's fold died with it
+    assert rows(pg_url, "SELECT count(*) FROM idem.indicator") == [(2,)]
+    ingest_records(
+        pg_url, config, spark, "feed", "3.ndjson", [{"id": "c", "value": "3"}]
+    )  # commits meanwhile
+    rerun = ingest_batch(pg_url, config, spark, [path])
+    assert rerun["rows_written"] == 3
+    assert current(pg_url) == folded(
+        [{"id": "a", "value": "A"}, {"id": "b", "value": "1"}, {"id": "c", "value": "3"}, *second]
+    )
