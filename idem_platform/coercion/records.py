@@ -457,6 +457,7 @@ def _decide_lines(state: _Batch, facts: native.LineFacts) -> None:
         _decide_direct(state, facts, direct, identify)
     fates = np.frombuffer(state.fate, dtype=np.uint8)
     keyed = np.flatnonzero((fates == _ROW) | (fates == _DIRECT)).tolist()
+    _at_their_position(state, facts, keyed)
     if keyed:
         keys = record_keys(
             state.spec.connector, _pick(facts.types, keyed), _pick(facts.ids, keyed), _pick(facts.digests, keyed)
@@ -464,6 +465,26 @@ def _decide_lines(state: _Batch, facts: native.LineFacts) -> None:
         per_line = np.full(len(state.raws), None, dtype=object)
         per_line[keyed] = keys
         state.keys = per_line.tolist()
+
+
+def _at_their_position(state: _Batch, facts: native.LineFacts, keyed: list[int]) -> None:
+    """The rows of tables in the source's order (upsert tables without ``order_by``) are
+    versions at their position: the digest (record key and content hash) covers the
+    position (``<file sha256[:16]>#L<line>``, ``<topic>-<partition>@<offset>``) and the
+    record, so re-reading a position gives the same key again, and the same record at
+    another position (a value that comes back) is a new version. Their lines are never
+    repeats of their bytes (``state.positional``)."""
+    ordered = {name for name, table in state.tables.items() if table.spec.upsert is not None and table.spec.upsert.by_source}
+    if not ordered:
+        return
+    prefixes = [prefix for prefix, _ in state.spec.units]
+    types, digests, units, offsets = facts.types, facts.digests, state.units, state.offsets
+    sha1 = hashlib.sha1
+    for i in keyed:
+        if types[i] in ordered:
+            position = f"{prefixes[units[i]]}{offsets[i]}"
+            digests[i] = sha1(f"{position}\n{digests[i]}".encode()).hexdigest()
+            state.positional.add(i)
 
 
 def _pick(values: list[Any], at: list[int]) -> list[Any]:
@@ -714,6 +735,8 @@ def _remember(state: _Batch, facts: native.LineFacts, repeats: RepeatedLines, ro
     seen_lines, seen_keys, raws, keys, types = repeats.seen, repeats.keys, state.raws, state.keys, facts.types
     fates = np.frombuffer(state.fate, dtype=np.uint8)
     at = np.flatnonzero(fates == _DIRECT).tolist()
+    if state.positional:
+        at = [i for i in at if i not in state.positional]
     if at:  # (their keys are remembered for good already: _repeat_lines)
         seen_lines.update(zip(_pick(raws, at), _pick(types, at), strict=True))
     at = np.flatnonzero(fates == _ROW).tolist()

@@ -178,7 +178,8 @@ class IdemConfig(ConfigModel):
         ``identity`` (the row's primary-key fields) and no ``order_by``, ``delete_when`` or
         ``dynamic`` column or schema version bump (its order is the source position, ``op: d``
         its delete, and the envelope in ``_payload`` is not the row), and no other connector
-        writes it; an upsert table without ``order_by`` is such a table."""
+        writes it. (An upsert table without ``order_by`` that no Debezium connector feeds is
+        in the source's own order.)"""
         fed = {c.record_type: c.name for c in self.connectors if c.debezium and c.record_type is not None}
         for name, feeder in fed.items():
             table = self.tables[name]
@@ -200,12 +201,6 @@ class IdemConfig(ConfigModel):
                 raise ValueError(
                     f"connector {connector.name!r} could write tables.{name}, which format: debezium connector "
                     f"{fed[name]!r} feeds (ordered by source position): give it another record_type"
-                )
-        for name, table in self.tables.items():
-            if table.mode == "upsert" and table.order_by is None and name not in fed:
-                raise ValueError(
-                    f"tables.{name}: mode: upsert needs order_by: the column whose greatest value makes a version "
-                    "current (int, long, real or timestamp), unless a format: debezium connector feeds it"
                 )
 
     def _check_versions(self, connector: ConnectorConfig) -> None:

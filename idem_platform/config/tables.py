@@ -20,6 +20,7 @@ from idem_platform.contract.catalog import (
     EXTERNAL_ID,
     IDENTITY_KINDS,
     POSTGRES_SYSTEM_COLUMNS,
+    SOURCE_ORDER,
     SOURCE_POSITION,
     UPSERT_ORDER_KINDS,
     ColumnType,
@@ -68,6 +69,7 @@ class TableConfig(ConfigModel):
     order_by: str | None = Field(
         None,
         description="upsert: the column (int, long, real or timestamp) whose greatest value is current; "
+        "none: the source's own order (commit order, then a file's lines or a partition's offsets); "
         "none on a table fed by a format: debezium connector (its order is the source position).",
     )
     delete_when: DeleteWhen | None = Field(None, description="upsert: the records that delete their identity.")
@@ -93,15 +95,16 @@ class TableConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _upsert_keys(self) -> TableConfig:
-        """An upsert table names its order (a number or timestamp column) and its identity
-        (declared scalar columns, or the id field); the upsert keys mean nothing in append mode."""
+        """An upsert table's order is a number or timestamp column, or none (the source's own
+        order); its identity declared scalar columns, or the id field; the upsert keys mean
+        nothing in append mode."""
         if self.mode == "append":
             given = [k for k in ("identity", "order_by", "delete_when") if getattr(self, k) is not None]
             if given:
                 raise ValueError(f"{', '.join(given)}: only for mode: upsert tables")
             return self
         if self.order_by is None:
-            return self._identity_checked()  # a Debezium table's (IdemConfig checks who feeds it)
+            return self._identity_checked()  # the source's order, or a Debezium table's
         order = self.columns.get(self.order_by)
         if order is None or ColumnType.parse(order.type).kind not in UPSERT_ORDER_KINDS:
             raise ValueError(
@@ -133,12 +136,10 @@ class TableConfig(ConfigModel):
             return None
         if debezium and self.identity:
             return UpsertSpec(identity=tuple(self.identity), order_by=SOURCE_POSITION, debezium=True)
-        if self.order_by is None:
-            return None  # refused by IdemConfig (no order, and no Debezium connector)
         delete = self.delete_when
         return UpsertSpec(
             identity=tuple(self.identity) if self.identity else (EXTERNAL_ID,),
-            order_by=self.order_by,
+            order_by=self.order_by if self.order_by is not None else SOURCE_ORDER,
             delete_field=delete.field if delete is not None else None,
             delete_equals=json.dumps(delete.equals) if delete is not None else None,
         )

@@ -147,6 +147,10 @@ EXTERNAL_ID = "_external_id"
 # The implied order of a Debezium-fed upsert table: the change event's source position
 # (``source.lsn``), not a column (a column name cannot start with ``_``).
 SOURCE_POSITION = "_source_position"
+# The implied order of an upsert table without ``order_by`` (and no Debezium feed): the
+# source's own order, ``ARRAY[commit sequence, position in the commit]`` (``bigint[]``), which
+# idem writes into the history's ``_source_order`` column as it inserts each version.
+SOURCE_ORDER = "_source_order"
 UPSERT_ORDER_KINDS = ("int", "long", "real", "timestamp")
 IDENTITY_KINDS = ("bool", "int", "long", "string", "timestamp")
 
@@ -163,6 +167,9 @@ class UpsertSpec:
         debezium: the table is fed Debezium change events (``format: debezium``): its order
             is the event's source position (``order_by`` is :data:`SOURCE_POSITION`, read from
             the envelope kept in ``_payload``) and ``op: d`` is its delete.
+
+    ``order_by`` :data:`SOURCE_ORDER`: the table names no order, so its versions are in the
+    source's own order (see :attr:`by_source`).
     """
 
     identity: tuple[str, ...]
@@ -170,6 +177,13 @@ class UpsertSpec:
     delete_field: str | None = None
     delete_equals: str | None = None
     debezium: bool = False
+
+    @property
+    def by_source(self) -> bool:
+        """Whether versions are in the source's own order (no ``order_by``): a version is a
+        record at its source position (the position is part of its record key, so a content
+        that comes back is a new version) and its order is the history's ``_source_order``."""
+        return self.order_by == SOURCE_ORDER
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,13 @@ import psycopg
 from psycopg import sql
 
 from idem_platform.config import ConnectorConfig, IdemConfig
-from idem_platform.contract.catalog import SYSTEM_COLUMNS, TableSpec, table_name, upsert_relations
+from idem_platform.contract.catalog import (
+    SOURCE_ORDER,
+    SYSTEM_COLUMNS,
+    TableSpec,
+    table_name,
+    upsert_relations,
+)
 from idem_platform.defs.connector.names import asset_keys
 from idem_platform.defs.resources import DEFAULT_KEYS, TABLE_IO_MANAGER_KEY, ResourceKeys
 from idem_platform.errors import ConfigError
@@ -65,6 +71,7 @@ _COLUMN_NOTES = {
     "_source": "where the record was: `<file sha256[:16]>#L<line>`, `<topic>-<partition>@<offset>`",
     "_payload": "the record as received",
     "_kafka": "the Kafka message's key, headers and timestamp",
+    "_source_order": "an upsert table's source order: `[commit number, position in the commit]`",
     "props": "fields with no column of their own",
 }
 
@@ -127,6 +134,8 @@ def declared_schema(spec: TableSpec, *, meta_column: str | None = None) -> dg.Ta
     columns = [_system_column(name, _ddl_type(ddl), ddl) for name, ddl in SYSTEM_COLUMNS]
     if meta_column:
         columns.append(dg.TableColumn(meta_column, "jsonb", description=_COLUMN_NOTES.get(meta_column)))
+    if spec.upsert is not None and spec.upsert.by_source:
+        columns.append(dg.TableColumn(SOURCE_ORDER, "bigint[]", description=_COLUMN_NOTES[SOURCE_ORDER]))
     columns += [
         dg.TableColumn(
             c.name,
@@ -245,7 +254,12 @@ def _upsert_description(spec: TableSpec) -> str:
     """The first words of an upsert table's asset description: what it is and how to get the history."""
     if spec.upsert is None:
         return ""
-    order = "source position (Debezium's `source.lsn`)" if spec.upsert.debezium else f"`{spec.upsert.order_by}`"
+    if spec.upsert.debezium:
+        order = "source position (Debezium's `source.lsn`)"
+    elif spec.upsert.by_source:
+        order = "source order (`_source_order`: the commit, then the file's line or the partition's offset)"
+    else:
+        order = f"`{spec.upsert.order_by}`"
     return (
         f"The current state of `{spec.record_type}` (`mode: upsert`): `{queried_name(spec)}`, one row per identity, "
         f"the version with the greatest {order}; this is what the asset loads "

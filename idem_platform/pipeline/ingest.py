@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from idem_platform import errors
 from idem_platform.coercion.records import RecordSpec, coerce_batches
-from idem_platform.config import ConnectorConfig, IdemConfig
+from idem_platform.config import ConnectorConfig, IdemConfig, PushConnectorBase
 from idem_platform.contract.catalog import TableSpec
 from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.postgres.connection import connect, is_unix_socket_url
@@ -47,9 +47,16 @@ def read_ledger(url: str, namespace: str, keys: list[str]) -> dict[str, LedgerEn
 
 
 def plan_files(url: str, connector: ConnectorConfig, paths: Sequence[str | Path]) -> SourceBatch:
-    """Hash every file (chunked) and split the batch into pending files and replays."""
+    """Hash every file (chunked) and split the batch into pending files and replays.
 
-    hashed = [hash_file(p, max_split_bytes=connector.split_bytes) for p in dict.fromkeys(Path(p).resolve() for p in paths)]
+    The order a commit reads its files in is the order of their versions in an upsert table
+    without ``order_by`` (and decides which of two files gives a record first), so it must
+    not depend on who listed them: dropped files in path order; the bodies a push connector
+    landed in the order they landed (their mtime, then path: their names are content hashes)."""
+    ordered = sorted(dict.fromkeys(Path(p).resolve() for p in paths))
+    hashed = [hash_file(p, max_split_bytes=connector.split_bytes) for p in ordered]
+    if isinstance(connector, PushConnectorBase):
+        hashed.sort(key=lambda f: (f.mtime_ns, f.path))
     entries = read_ledger(url, connector.name, sorted({f.key for f in hashed}))
     return batch_of_files(connector.name, hashed, entries, max_slice_bytes=connector.split_bytes)
 

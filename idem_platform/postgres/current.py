@@ -23,6 +23,11 @@ was folded in by the commit that wrote it, so replays, repeats and any arrival o
 the same state. A delete is a version like any other, kept as a tombstone: an older
 version arriving later loses to it, a newer one wins.
 
+**The order** is the ``order_by`` column's value, a Debezium event's ``source.lsn``, or, on
+a table without ``order_by``, the source's own order: ``_source_order``, ``ARRAY[commit
+number, position in the commit]``, which the commit writes beside each version it inserts
+(:mod:`idem_platform.write.apply.rows`); arrays compare element by element.
+
 A state table is derived data: when its definition (identity, order, delete rule) differs
 from the config's, it is rebuilt from the history; when the table goes back to append
 mode it is dropped. Its comment records the definition it was built for.
@@ -38,6 +43,7 @@ from psycopg import sql
 
 from idem_platform.contract.catalog import (
     EXTERNAL_ID,
+    SOURCE_ORDER,
     SOURCE_POSITION,
     TableSpec,
     UpsertSpec,
@@ -121,11 +127,22 @@ def _order_and_delete(upsert: UpsertSpec) -> tuple[sql.Composable, sql.Composabl
             sql.SQL("({} -> 'source' ->> 'lsn')::bigint").format(event),
             sql.SQL("coalesce({} ->> 'op' = 'd', false)").format(event),
         )
-    order = sql.SQL("h.{}").format(sql.Identifier(upsert.order_by))
+    order = _SOURCE_ORDER if upsert.by_source else sql.SQL("h.{}").format(sql.Identifier(upsert.order_by))
     if upsert.delete_field is None:
         return order, sql.SQL("false")
     # Parameters, not literals: a value may hold '%', which a literal would make a placeholder.
     return order, sql.SQL("coalesce(h._payload -> %(delete_field)s::text = %(delete_equals)s::jsonb, false)")
+
+
+# A history row's source order (alias ``h``). A version written before its table was in
+# the source's order has none: it comes before every other, ordered by its commit's time
+# (``_ingested_at`` is the commit transaction's start) and its offset or line (the number that
+# ends ``_source``), so switching an append table to the source's order keeps its history's
+# latest versions current.
+_SOURCE_ORDER = sql.SQL(
+    "coalesce(h._source_order, ARRAY[0, (extract(epoch FROM h._ingested_at) * 1000000)::bigint, "
+    "coalesce(substring(h._source FROM '([0-9]{1,18})$')::bigint, 0)])"
+)
 
 
 def _postgres_type(spec: TableSpec, name: str) -> str:
@@ -133,6 +150,8 @@ def _postgres_type(spec: TableSpec, name: str) -> str:
         return "text"
     if name == SOURCE_POSITION:
         return "bigint"
+    if name == SOURCE_ORDER:
+        return "bigint[]"
     for column in spec.columns:
         if column.name == name:
             return column.type.postgres
@@ -175,6 +194,8 @@ def sync_current(conn: psycopg.Connection, spec: TableSpec) -> None:
         if recorded is not None:
             _drop(conn, spec.record_type)
         return
+    if spec.upsert.by_source:
+        _add_source_order(conn, spec.record_type)
     wanted = _definition(spec, spec.upsert)
     if recorded == wanted:
         refresh_current_view(conn, spec.record_type)
@@ -192,6 +213,18 @@ def sync_current(conn: psycopg.Connection, spec: TableSpec) -> None:
     _create_state(conn, spec, spec.upsert, wanted)
     fold(conn, spec, sql.SQL("TRUE"), {})
     refresh_current_view(conn, spec.record_type)
+
+
+def _add_source_order(conn: psycopg.Connection, record_type: str) -> None:
+    """Give the history of a table in the source's order its ``_source_order`` column (the
+    order each commit writes beside its versions); nothing when it has it (no lock taken)."""
+    if SOURCE_ORDER in _columns(conn, table_name(record_type)):
+        return
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint[]").format(
+            _ident(table_name(record_type)), sql.Identifier(SOURCE_ORDER)
+        )
+    )
 
 
 def _create_state(conn: psycopg.Connection, spec: TableSpec, upsert: UpsertSpec, comment: str) -> None:
@@ -293,6 +326,38 @@ def fold(
         else:
             updated += 1
     return CurrentCounts(inserted=inserted, updated=updated, deleted=deleted_count, fresh=frozenset(kept))
+
+
+def refold(conn: psycopg.Connection, spec: TableSpec, keys: sql.Composable) -> None:
+    """Fold again, from the whole history, the identities of the rows whose record keys
+    the query ``keys`` selects (their identity now, and the identity of a state row naming
+    one of them), inside the caller's transaction: for ``idem migrate``, which rewrites old
+    rows' typed columns in place, so their order, identity or delete mark may have changed
+    under a state that was folded from the values before. The guard only lets a greater
+    order in, so those identities' state rows are deleted first, then folded anew."""
+    upsert = spec.upsert
+    if upsert is None:
+        return
+    names = [sql.Identifier(n) for n in upsert.identity]
+    columns = sql.SQL(", ").join(names)
+    of_h = sql.SQL(", ").join(sql.SQL("h.{}").format(n) for n in names)
+    of_s = sql.SQL(", ").join(sql.SQL("s.{}").format(n) for n in names)
+    of_r = sql.SQL(", ").join(sql.SQL("r.{}").format(n) for n in names)
+    state, history = state_ident(spec.record_type), _ident(table_name(spec.record_type))
+    conn.execute("DROP TABLE IF EXISTS pg_temp.idem_refold")
+    conn.execute(
+        sql.SQL(
+            "CREATE TEMPORARY TABLE idem_refold ON COMMIT DROP AS "
+            "SELECT {of_h} FROM {history} h WHERE h._idempotency_key IN ({keys}) "
+            "UNION SELECT {of_s} FROM {state} s WHERE s._record_key IN ({keys})"
+        ).format(of_h=of_h, of_s=of_s, history=history, state=state, keys=keys)
+    )
+    conn.execute(
+        sql.SQL("DELETE FROM {state} s USING idem_refold r WHERE ({of_s}) = ({of_r})").format(
+            state=state, of_s=of_s, of_r=of_r
+        )
+    )
+    fold(conn, spec, sql.SQL("({of_h}) IN (SELECT {columns} FROM idem_refold)").format(of_h=of_h, columns=columns), {})
 
 
 def fold_commit(

@@ -448,12 +448,13 @@ def test_assets_listed_in_the_config_join_the_generated_code_location(tmp_path: 
         build_definitions(broken)
 
 
+@pytest.mark.parametrize("order", [{"order_by": "confidence"}, {}], ids=["order_by", "source order"])
 def test_an_upsert_tables_asset_is_its_current_state(
-    tmp_path: Path, pg_url: str, instance: dg.DagsterInstance, spark: Any
+    tmp_path: Path, pg_url: str, instance: dg.DagsterInstance, spark: Any, order: dict[str, str]
 ) -> None:
     reset_database(pg_url)
     data = yaml.safe_load(example_text())
-    data["tables"]["indicator"].update({"mode": "upsert", "order_by": "confidence"})
+    data["tables"]["indicator"].update({"mode": "upsert", **order})
     config = write_config(tmp_path, yaml.safe_dump(data, sort_keys=False))
     ingest(config, pg_url, instance, "versions.ndjson", [
         '{"type":"indicator","id":"i1","name":"a","confidence":10}',

@@ -159,7 +159,6 @@ _CONNECTOR = "connectors:\n  - {{name: cdc, kind: {kind}, path: drop, format: de
         (_CONNECTOR.format(kind="filedrop", route="record_type: customers")
          + "  - {name: other, kind: filedrop, path: other, record_type_field: type}\n", TABLE,
          "connector 'other' could write tables.customers"),
-        ("", TABLE, "mode: upsert needs order_by"),
     ],
 )
 def test_a_debezium_feed_is_checked_at_load(connector: str, table: str, message: str) -> None:

@@ -78,7 +78,6 @@ def folded(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ("mode: upsert\n    columns: {version: long}", "mode: upsert needs order_by"),
         ("mode: upsert\n    order_by: name\n    columns: {name: string}", "order_by 'name' must be a declared column of type"),
         ("mode: upsert\n    order_by: seen\n    columns: {version: long}", "order_by 'seen' must be a declared column"),
         ("order_by: version\n    columns: {version: long}", "order_by: only for mode: upsert tables"),
@@ -445,3 +444,43 @@ def test_a_kill_after_the_fold_before_commit_changes_nothing_and_the_rerun_folds
     counts = rerun["tables"]["indicator"]
     assert [counts[k] for k in ("inserted", "updated", "deleted", "stale")] == [0, 1, 1, 1]
     assert current(pg_url) == folded([{"id": "a", "version": 2, "confidence": 2}, *second])
+
+
+# --- idem migrate: old rows rewritten in place ---------------------------------------------------
+
+REVERSE_VERSION = '''
+from idem_platform.migrations import schema_migration
+
+
+@schema_migration("indicator", from_version=1, to_version=2)
+def count_down(record):
+    record["version"] = 10 - record["version"]
+    return record
+'''
+
+
+def test_idem_migrate_folds_the_state_again_from_the_migrated_order(pg_url: str, tmp_path: Path, spark: Any) -> None:
+    """A migration that changes the ``order_by`` value of old rows: the state folded from the
+    old values would keep a stale order (an older version current, and a new version beating
+    it by the old figure); ``idem migrate`` folds the identities of the rows it moved again."""
+    import uuid
+
+    from idem_platform.read.migrate.run import migrate
+
+    config = config_at(tmp_path, pg_url)
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
+        {"id": "a", "version": 1, "confidence": 1}, {"id": "a", "version": 2, "confidence": 2},
+        {"id": "b", "version": 3, "confidence": 3},
+    ])
+    assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 2, "b": 3}
+    module = f"upsert_migrations_{uuid.uuid4().hex[:10]}"
+    (tmp_path / f"{module}.py").write_text(REVERSE_VERSION)
+    v2 = write_config(tmp_path, UPSERT.replace("    mode: upsert\n", "    mode: upsert\n    schema_version: 2\n") + f"migrations: [{module}]\n")
+    report = migrate(spark, pg_url, v2, batch_rows=2)
+    assert report["rows_moved"] == 3
+    # a: version 1 is now 9, version 2 is 8: the first version is current, at order 9.
+    assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 1, "b": 3}
+    assert sorted(rows(pg_url, "SELECT _external_id, _order FROM idem.indicator_state")) == [("a", 9), ("b", 7)]
+    # A new version of order 8 is older than the current 9 (it would beat a stale order 2).
+    ingest_records(pg_url, v2, spark, "feed", "2.ndjson", [{"id": "a", "version": 8, "confidence": 8}])
+    assert {k: v["confidence"] for k, v in current(pg_url).items()} == {"a": 1, "b": 3}

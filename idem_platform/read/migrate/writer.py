@@ -19,6 +19,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from idem_platform.postgres.connection import connect
+from idem_platform.postgres.current import refold
 from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.postgres.tables import table_ident
 from idem_platform.read.migrate.errors import MigrateError
@@ -109,7 +110,10 @@ class BatchWriter:
                     for batch in batches:
                         copy.write(encoder.write_batch(batch))
                     copy.write(encoder.finish())
-                return {int(v): int(n) for v, n in cursor.execute(self.update).fetchall()}
+                moved = {int(v): int(n) for v, n in cursor.execute(self.update).fetchall()}
+            if plan.spec.upsert is not None:  # the moved rows' order or identity may have changed
+                refold(self.conn, plan.spec, sql.SQL("SELECT _idempotency_key FROM {}").format(sql.Identifier(TEMP_TABLE)))
+            return moved
 
         try:
             return with_lock_tries(

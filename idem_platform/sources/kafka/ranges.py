@@ -213,6 +213,9 @@ def plan_kafka(url: str, connector: KafkaConnector, requests: Sequence[RangeRequ
                 raise OffsetGapError(f"connector {connector.name!r}: " + "; ".join(held))
         else:
             ranges = check_requests(connector, requests, committed, states)
+        # Units in (topic, partition) order, however they were asked for: the order a commit
+        # reads its ranges in is the order of their versions in an upsert table without order_by.
+        ranges = sorted(ranges, key=lambda r: (r.topic, r.partition, r.start))
         entries = Ledger(conn, connector.name).entries(sorted({r.key for r in ranges}))
     missing = view.missing_note()
     notes = gap_notes(ranges) + ([missing] if missing else [])

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from idem_platform.contract.catalog import STRING, Column, TableSpec
+from idem_platform.contract.catalog import SOURCE_ORDER, STRING, Column, TableSpec
 from idem_platform.postgres.retype import retype_cast
 from idem_platform.postgres.schema import qualified_table_name
 from idem_platform.postgres.tables import effective_spec, existing_columns, table_ident
@@ -44,6 +44,21 @@ class TableInserts:
         # Per record type, its retyped text columns (``idem retype``), read once its table is
         # locked in this transaction (an ``idem retype`` cannot add a companion column after that).
         self.retyped: dict[str, dict[str, Column]] = {}
+        self.commit_order: int | None = None  # this transaction's number in idem.source_order, once drawn
+
+    def _commit_order(self, spec: TableSpec) -> int | None:
+        """For a table in the source's order (an upsert table without ``order_by``): this
+        commit's number, drawn from ``idem.source_order`` at its first insert into one, so
+        after its plan: a Kafka range is planned from the committed offsets, so a later range
+        of a partition draws a greater number than the commit of the range before it (a
+        commit that must wait for its offsets' compare-and-set cannot have drawn first)."""
+        if spec.upsert is None or not spec.upsert.by_source:
+            return None
+        if self.commit_order is None:
+            row = self.conn.execute("SELECT nextval('idem.source_order')").fetchone()
+            assert row is not None
+            self.commit_order = int(row[0])
+        return self.commit_order
 
     def _retyped_columns(self, record_type: str) -> dict[str, Column]:
         """The table's retyped text columns (``idem retype``), read under its lock.
@@ -81,6 +96,7 @@ class TableInserts:
                 on_conflict=not streaming,
                 retyped=retyped,
                 by_prefix=by_prefix if prefix is None else None,
+                commit_order=self._commit_order(self.plan.tables[record_type]),
             )
         self.written[record_type] += count
         if by_prefix is not None and prefix is not None:
@@ -155,6 +171,7 @@ def insert_rows(
     on_conflict: bool = False,
     retyped: dict[str, Column] | None = None,
     by_prefix: dict[str, int] | None = None,
+    commit_order: int | None = None,
 ) -> int:
     """Insert one staged table's rows of ``record_type`` whose keys the table lacks; return how many.
 
@@ -162,9 +179,14 @@ def insert_rows(
     ``on_conflict``: streaming met another writer's keys, so wait for it and skip them;
     ``retyped``: the table's retyped text columns (``idem retype``), to fill their
     typed companions; ``by_prefix``: when given, gains the rows inserted per position
-    prefix (per unit).
+    prefix (per unit); ``commit_order``: the commit's number of a table in the source's
+    order: each row's ``_source_order`` is ``[commit_order, its _pos]`` (its unit's index in
+    the plan, then its offset or line: the source's order within the commit).
     """
     target, select = _columns(plan, spec, evolution, retyped or {})
+    if commit_order is not None:
+        target.append(SOURCE_ORDER)
+        select.append(sql.SQL("ARRAY[%(commit_order)s::bigint, s._pos]"))
     # First occurrence per key wins. An attempt whose executor vouched for distinct
     # keys needs no sort of its wide rows; the anti-join alone skips keys already
     # in the table (committed, or applied from an earlier slice of this commit).
@@ -192,6 +214,7 @@ def insert_rows(
         "version": spec.schema_version,
         "commit_id": plan.commit_id,
         "overcap": evolution.to_props,
+        "commit_order": commit_order,
     }
     if by_prefix is None:
         return conn.execute(statement, params).rowcount
