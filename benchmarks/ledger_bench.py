@@ -88,7 +88,8 @@ def server_settings(conn: psycopg.Connection) -> dict[str, str]:
     }
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line: how many pairs, how batched, how many rounds, which server."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -101,50 +102,61 @@ def main() -> int:
     )
     parser.add_argument("--repeat", type=int, default=3, help="rounds; the median is shown")
     parser.add_argument("--workdir", default=str(Path(__file__).resolve().parent / "data"))
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    server = args.postgres or embedded_server(Path(args.workdir).resolve() / ".idem")
-    url = fresh_database(server, DATABASE)
-    with connect(url, autocommit=True) as admin:
-        ensure_schema(admin)
 
-    variants: dict[str, Callable[[psycopg.Connection, str], None]] = {
-        "baseline: SELECT 1": lambda conn, p: round_trips(conn, args.pairs),
-        "ledger, 1 tx per pair": lambda conn, p: pairs_per_transaction(conn, p, args.pairs, 1),
-        f"ledger, {args.batch} pairs per tx": lambda conn, p: pairs_per_transaction(
-            conn, p, args.pairs, args.batch
+Variant = Callable[[psycopg.Connection, str], None]
+
+
+def variants(pairs: int, batch: int) -> dict[str, Variant]:
+    """What each round times, in order, by the name the table shows: each variant gets its own
+    key prefix, except the library's two, where the second replays the first's keys."""
+    return {
+        "baseline: SELECT 1": lambda conn, p: round_trips(conn, pairs),
+        "ledger, 1 tx per pair": lambda conn, p: pairs_per_transaction(conn, p, pairs, 1),
+        f"ledger, {batch} pairs per tx": lambda conn, p: pairs_per_transaction(
+            conn, p, pairs, batch
         ),
-        "run_idempotently, fresh": lambda conn, p: library_calls(conn, "lib", args.pairs),
-        "run_idempotently, replay": lambda conn, p: library_calls(conn, "lib", args.pairs),
+        "run_idempotently, fresh": lambda conn, p: library_calls(conn, "lib", pairs),
+        "run_idempotently, replay": lambda conn, p: library_calls(conn, "lib", pairs),
     }
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
-    try:
-        with connect(url, application_name="idem-ledger-bench") as conn:
-            settings = server_settings(conn)
-            conn.rollback()
-            for round_ in range(args.repeat):
-                conn.execute("TRUNCATE idem.ingest_ledger")
-                conn.commit()
-                for index, (name, variant) in enumerate(variants.items()):
-                    seconds[name].append(
-                        timed(lambda variant=variant, index=index: variant(conn, f"v{index}"))
-                    )
-                if args.repeat > 1:
-                    print(
-                        f"round {round_ + 1}: "
-                        + ", ".join(
-                            f"{name} {args.pairs / s[-1]:,.0f}/s" for name, s in seconds.items()
-                        ),
-                        flush=True,
-                    )
-            rows = conn.execute("SELECT count(*) FROM idem.ingest_ledger").fetchone()[0]
-            conn.rollback()
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE))
-            )
 
+
+def run_rounds(
+    url: str, timed_variants: dict[str, Variant], pairs: int, repeat: int
+) -> tuple[dict[str, str], dict[str, list[float]], int]:
+    """Every variant once per round on one connection, the ledger emptied before each round so
+    the rounds start alike. Returns the server's settings, each variant's seconds per round and
+    the ledger's rows after the last round (a check that the pairs were written)."""
+    seconds: dict[str, list[float]] = {name: [] for name in timed_variants}
+    with connect(url, application_name="idem-ledger-bench") as conn:
+        settings = server_settings(conn)
+        conn.rollback()
+        for round_ in range(repeat):
+            conn.execute("TRUNCATE idem.ingest_ledger")
+            conn.commit()
+            for index, (name, variant) in enumerate(timed_variants.items()):
+                seconds[name].append(
+                    timed(lambda variant=variant, index=index: variant(conn, f"v{index}"))
+                )
+            if repeat > 1:
+                print(
+                    f"round {round_ + 1}: "
+                    + ", ".join(f"{name} {pairs / s[-1]:,.0f}/s" for name, s in seconds.items()),
+                    flush=True,
+                )
+        rows = conn.execute("SELECT count(*) FROM idem.ingest_ledger").fetchone()[0]
+        conn.rollback()
+    return settings, seconds, rows
+
+
+def print_report(
+    args: argparse.Namespace,
+    settings: dict[str, str],
+    seconds: dict[str, list[float]],
+    rows: int,
+) -> None:
+    """The medians as a table for people, then every figure as one JSON line for tools."""
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     print(
         f"pairs: {args.pairs:,} per variant  rounds: {args.repeat} (median shown)  "
@@ -171,6 +183,25 @@ def main() -> int:
             }
         )
     )
+
+
+def main() -> int:
+    """Make the scratch database, time the rounds, drop it (whatever happened), then report."""
+    args = parse_args()
+    server = args.postgres or embedded_server(Path(args.workdir).resolve() / ".idem")
+    url = fresh_database(server, DATABASE)
+    with connect(url, autocommit=True) as admin:
+        ensure_schema(admin)
+    try:
+        settings, seconds, rows = run_rounds(
+            url, variants(args.pairs, args.batch), args.pairs, args.repeat
+        )
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE))
+            )
+    print_report(args, settings, seconds, rows)
     return 0
 
 

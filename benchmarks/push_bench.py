@@ -375,11 +375,15 @@ def pick(result: dict[str, Any], path: tuple[str, ...]) -> float | None:
     return None if value is None else float(value)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line: the server, the load's shape and the rounds; a load with fewer
+    requests than keys could not send every key once, so it is refused here."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--postgres", default=LOCAL_SERVER, help=f"server URL (default {LOCAL_SERVER})")
+    parser.add_argument(
+        "--postgres", default=LOCAL_SERVER, help=f"server URL (default {LOCAL_SERVER})"
+    )
     parser.add_argument("--requests", type=int, default=2000, help="POSTs per load")
     parser.add_argument("--keys", type=int, default=200, help="distinct idempotency keys per load")
     parser.add_argument("--clients", type=int, default=32, help="concurrent client threads")
@@ -388,13 +392,34 @@ def main() -> int:
         "--sequential", type=int, default=200, help="fresh pushes from one client (0: skip)"
     )
     parser.add_argument("--repeat", type=int, default=3, help="rounds; the median is shown")
-    parser.add_argument("--workdir", help="configs, landing dirs, logs (default: a temp dir, removed)")
+    parser.add_argument(
+        "--workdir", help="configs, landing dirs, logs (default: a temp dir, removed)"
+    )
     args = parser.parse_args()
     if args.keys < 1 or args.requests < args.keys:
         parser.error("--requests must be at least --keys, and --keys at least 1")
+    return args
 
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="idem-push-bench-")).resolve()
-    facts = machine(args.postgres)
+
+def print_round(index: int, result: dict[str, Any]) -> None:
+    """One line per round as it ends: progress on a long run, and the spread at a glance."""
+    print(
+        f"round {index + 1}: startup {result['startup_s']:.2f} s, "
+        f"load {result['load']['rps']:,.0f}/s p99 {result['load']['p99_ms']:.1f} ms, "
+        f"replay {result['replay']['rps']:,.0f}/s p99 {result['replay']['p99_ms']:.1f} ms"
+        + (
+            f", sequential {result['sequential']['rps']:,.0f}/s "
+            f"p50 {result['sequential']['p50_ms']:.2f} ms"
+            if "sequential" in result
+            else ""
+        ),
+        flush=True,
+    )
+
+
+def run_rounds(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]] | None:
+    """``--repeat`` rounds, each in its own directory under ``workdir``; the scratch database
+    is dropped whatever happened. None if a round failed (said on stderr, its files kept)."""
     rounds: list[dict[str, Any]] = []
     try:
         for index in range(args.repeat):
@@ -402,30 +427,22 @@ def main() -> int:
             shutil.rmtree(directory, ignore_errors=True)
             result = one_round(args, args.postgres, directory)
             rounds.append(result)
-            print(
-                f"round {index + 1}: startup {result['startup_s']:.2f} s, "
-                f"load {result['load']['rps']:,.0f}/s p99 {result['load']['p99_ms']:.1f} ms, "
-                f"replay {result['replay']['rps']:,.0f}/s p99 {result['replay']['p99_ms']:.1f} ms"
-                + (
-                    f", sequential {result['sequential']['rps']:,.0f}/s "
-                    f"p50 {result['sequential']['p50_ms']:.2f} ms"
-                    if "sequential" in result
-                    else ""
-                ),
-                flush=True,
-            )
+            print_round(index, result)
     except BenchmarkFailure as exc:
         print(f"push_bench: FAILED in round {len(rounds) + 1}: {exc}", file=sys.stderr)
         print(f"push_bench: the round's files are kept in {workdir}", file=sys.stderr)
-        return 1
+        return None
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as admin:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE))
             )
-    if not args.workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
+    return rounds
 
+
+def print_setup(args: argparse.Namespace, facts: dict[str, Any]) -> None:
+    """What was measured and on what: the figures mean little without the load's shape, the
+    machine and PostgreSQL's durability settings."""
     pg = facts["postgres"]
     print(
         f"requests: {args.requests:,} over {args.keys:,} keys, {args.clients} clients, "
@@ -437,6 +454,14 @@ def main() -> int:
         f"load average at start {facts['load_average_at_start']}; PostgreSQL {pg['server_version']} "
         f"synchronous_commit={pg['synchronous_commit']} fsync={pg['fsync']}"
     )
+
+
+def print_table(
+    rounds: list[dict[str, Any]],
+) -> tuple[dict[str, float], dict[str, list[float | None]]]:
+    """The ``ROWS`` figures, median beside each round's; a figure no round has (no sequential
+    pushes, a remote PostgreSQL's CPU) is left out. Returns the medians and per-round values,
+    keyed by the figure's dotted path, for the JSON."""
     header = f"{'figure':32} {'median':>9}  " + "  ".join(
         f"{'round ' + str(i + 1):>9}" for i in range(len(rounds))
     )
@@ -453,6 +478,23 @@ def main() -> int:
         per_round[key] = values
         cells = "  ".join(f"{fmt.format(v) if v is not None else '-':>9}" for v in values)
         print(f"{label:32} {fmt.format(medians[key]):>9}  {cells}")
+    return medians, per_round
+
+
+def main() -> int:
+    """Measure the machine first (its load average before we add ours), run the rounds, then
+    report: the setup, the table, and every figure as one JSON line for tools."""
+    args = parse_args()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="idem-push-bench-")).resolve()
+    facts = machine(args.postgres)
+    rounds = run_rounds(args, workdir)
+    if rounds is None:
+        return 1
+    if not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print_setup(args, facts)
+    medians, per_round = print_table(rounds)
     print(
         json.dumps(
             {

@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ import yaml  # noqa: E402
 
 from benchmarks import stix_gen  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
+    BenchServer,
     SetupError,
     bench_server,
     environment,
@@ -74,6 +75,7 @@ from benchmarks.harness import (  # noqa: E402
     stop_spark_server,
 )
 from benchmarks.small_bench import (  # noqa: E402
+    SmallData,
     Timed,
     drop_database,
     expect,
@@ -334,7 +336,9 @@ def print_first_ingest_rounds(results: list[Timed], loads: dict[int, float]) -> 
         )
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line: the rounds, the data's size, where the shared benchmark and the server
+    are, which small cases, and how idem's runs get their Spark."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--records", type=int, default=1_000_000, help="gen.py's N (10 files, 10 %% duplicates)")
@@ -352,70 +356,122 @@ def main() -> int:
     parser.add_argument("--spark-server", choices=("auto", "off"), default="auto",
                         help="auto (idem ingest's default): idem's runs share a long-lived Spark Connect server, "
                         "started by a first run timed apart; off: a JVM per run")
-    args = parser.parse_args()
-    exit_on_sigterm()
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    home = peer_bench_home()
-    out_path = Path(args.out) if args.out else workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    machine = machine_facts()  # before the run: its load average is the machine's, not ours
-    try:
-        shared = shared_bench_dir(args.shared)
-        with bench_server(args.postgres, args.shared) as server:
-            python = peer_python(home)
-            data = peer_data(shared, python, home, args.records)
-            shape = data_shape(data)
-            files, new_files, one = prepare_idem_inputs(data, shape, workdir)
-            config = config_for_peer_data(workdir)
-            small = prepare_small(workdir / "small", args.stix_count)  # its 1-line file starts the Spark server
-            os.sync()  # the inputs just written (~0.8 GB in a new work directory) on disk now, not during a timed run
-            facts = server_facts(server.url)
-            print(
-                f"server: {masked_url(server.url)} ({server.via}{', started here' if server.started else ''}; "
-                f"PostgreSQL {facts['server_version']}, shared_buffers {facts.get('shared_buffers')})\n"
-                f"data: {shape['files']} files, {shape['bytes']:,} bytes, {shape['records']:,} records "
-                f"({shape['unique_records']:,} unique, {shape['duplicate_lines']:,} duplicate lines), types "
-                + ", ".join(f"{k} {v:,}" for k, v in shape["types"].items()),
-                flush=True,
-            )
-            if not args.skip_small:
-                print(f"STIX-like batch: {small.stix_shape['objects']:,} objects, {len(small.stix_shape['types'])} types, {small.stix_shape['bytes']:,} bytes", flush=True)
-            idem_home = workdir / "dagster_home"
-            print(f"idem's Spark: {args.master}, {'a long-lived Spark Connect server' if args.spark_server == 'auto' else 'a JVM per run'}", flush=True)
-            try:
-                results: list[Timed] = start_spark_server(server.url, small, args.master, idem_home, args.spark_server)
-                if args.spark_server == "auto":
-                    results.append(warm_spark_server(server.url, config, files, shape, args.master, idem_home))
-                loads: dict[int, float] = {}  # the 1-minute load average as each round starts
-                tools = ["copy", "dlt", "idem"]
-                logs = workdir / "logs"
-                for round_ in range(1, args.rounds + 1):
-                    loads[round_] = round(os.getloadavg()[0], 2)
-                    order = tools[(round_ - 1) % 3 :] + tools[: (round_ - 1) % 3]
-                    for tool in order:
-                        quiet_server(server.url)  # the last tool's tables vacuumed and analyzed now, not during this one
-                        if tool == "copy":
-                            script = ["bench_copy.py", "--data", str(data), "--reps", "1", "--variant", "copy_pk", "--variant", "stage_oc"]
-                            done = run_peer(tool, python, shared, script, server.url, home, logs / f"round{round_}-copy.log", round_, shape["records"])
-                        elif tool == "dlt":
-                            script = ["bench_dlt.py", "--data", str(data), "--reps", "1", "--variant", "arrow_csv", "--tuned"]
-                            done = run_peer(tool, python, shared, script, server.url, home, logs / f"round{round_}-dlt.log", round_, shape["records"])
-                        else:
-                            done = run_idem_round(server.url, config, files, new_files, one, shape, args.master, idem_home, round_, args.spark_server)
-                        results += done
-                        print(f"round {round_} {tool}: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
-                    if not args.skip_small:
-                        done = run_small(server.url, small, args.master, idem_home, round_, prefix="idem_shared_small", spark_server=args.spark_server)
-                        results += done
-                        print(f"round {round_} small: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
-            finally:
-                stop_spark_server(idem_home)
-    except SetupError as exc:
-        print(f"shared_bench: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:  # a peer or an idem run failed: its own words, then stop
-        print(f"shared_bench: {exc}", file=sys.stderr)
-        return 1
+    return parser.parse_args()
+
+
+@dataclass
+class Inputs:
+    """What every round runs on, prepared once before the rounds so no round pays for it: the
+    server and its settings, the peers' venv and data, idem's copies of the data and its
+    configs, the small cases, and where idem's Dagster home and the peers' logs go."""
+
+    server: BenchServer
+    facts: dict[str, Any]
+    shared: Path
+    home: Path
+    python: Path
+    data: Path
+    shape: dict[str, Any]
+    files: list[Path]
+    new_files: list[Path]
+    one: Path
+    config: Path
+    small: SmallData
+    idem_home: Path
+    logs: Path
+
+
+def prepare(args: argparse.Namespace, workdir: Path, home: Path, shared: Path, server: BenchServer) -> Inputs:
+    """The peers' venv and data (made when missing), idem's inputs and configs, the small cases."""
+    python = peer_python(home)
+    data = peer_data(shared, python, home, args.records)
+    shape = data_shape(data)
+    files, new_files, one = prepare_idem_inputs(data, shape, workdir)
+    config = config_for_peer_data(workdir)
+    small = prepare_small(workdir / "small", args.stix_count)  # its 1-line file starts the Spark server
+    os.sync()  # the inputs just written (~0.8 GB in a new work directory) on disk now, not during a timed run
+    facts = server_facts(server.url)
+    return Inputs(server, facts, shared, home, python, data, shape, files, new_files, one, config, small,
+                  idem_home=workdir / "dagster_home", logs=workdir / "logs")
+
+
+def print_setup(args: argparse.Namespace, inputs: Inputs) -> None:
+    """What the run is about to measure, before the long part: the server, the data, idem's Spark."""
+    server, facts, shape, small = inputs.server, inputs.facts, inputs.shape, inputs.small
+    print(
+        f"server: {masked_url(server.url)} ({server.via}{', started here' if server.started else ''}; "
+        f"PostgreSQL {facts['server_version']}, shared_buffers {facts.get('shared_buffers')})\n"
+        f"data: {shape['files']} files, {shape['bytes']:,} bytes, {shape['records']:,} records "
+        f"({shape['unique_records']:,} unique, {shape['duplicate_lines']:,} duplicate lines), types "
+        + ", ".join(f"{k} {v:,}" for k, v in shape["types"].items()),
+        flush=True,
+    )
+    if not args.skip_small:
+        print(f"STIX-like batch: {small.stix_shape['objects']:,} objects, {len(small.stix_shape['types'])} types, {small.stix_shape['bytes']:,} bytes", flush=True)
+    print(f"idem's Spark: {args.master}, {'a long-lived Spark Connect server' if args.spark_server == 'auto' else 'a JVM per run'}", flush=True)
+
+
+def run_tool(tool: str, round_: int, args: argparse.Namespace, inputs: Inputs) -> list[Timed]:
+    """One tool's turn in a round: a peer's script as run.sh runs it, or idem's four phases."""
+    url, records, logs = inputs.server.url, inputs.shape["records"], inputs.logs
+    if tool == "copy":
+        script = ["bench_copy.py", "--data", str(inputs.data), "--reps", "1", "--variant", "copy_pk", "--variant", "stage_oc"]
+        return run_peer(tool, inputs.python, inputs.shared, script, url, inputs.home, logs / f"round{round_}-copy.log", round_, records)
+    if tool == "dlt":
+        script = ["bench_dlt.py", "--data", str(inputs.data), "--reps", "1", "--variant", "arrow_csv", "--tuned"]
+        return run_peer(tool, inputs.python, inputs.shared, script, url, inputs.home, logs / f"round{round_}-dlt.log", round_, records)
+    return run_idem_round(
+        url, inputs.config, inputs.files, inputs.new_files, inputs.one, inputs.shape, args.master, inputs.idem_home, round_, args.spark_server
+    )
+
+
+def run_rounds(args: argparse.Namespace, inputs: Inputs) -> tuple[list[Timed], dict[int, float]]:
+    """The rounds: the tools in an order that rotates each round (so drift hits every tool
+    alike), then the small cases. Returns the timings and the 1-minute load average as each
+    round began (to read a round that stands out by)."""
+    results: list[Timed] = []
+    loads: dict[int, float] = {}
+    tools = ["copy", "dlt", "idem"]
+    for round_ in range(1, args.rounds + 1):
+        loads[round_] = round(os.getloadavg()[0], 2)
+        order = tools[(round_ - 1) % 3 :] + tools[: (round_ - 1) % 3]
+        for tool in order:
+            quiet_server(inputs.server.url)  # the last tool's tables vacuumed and analyzed now, not during this one
+            done = run_tool(tool, round_, args, inputs)
+            results += done
+            print(f"round {round_} {tool}: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
+        if not args.skip_small:
+            done = run_small(inputs.server.url, inputs.small, args.master, inputs.idem_home, round_, prefix="idem_shared_small", spark_server=args.spark_server)
+            results += done
+            print(f"round {round_} small: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
+    return results, loads
+
+
+def measure(args: argparse.Namespace, workdir: Path, home: Path) -> tuple[Inputs, list[Timed], dict[int, float]]:
+    """Everything timed, on one server (stopped at the end if started here), the Spark server
+    stopped whatever happened; with ``--spark-server auto`` its start and first large run
+    come first, reported apart."""
+    shared = shared_bench_dir(args.shared)
+    with bench_server(args.postgres, args.shared) as server:
+        inputs = prepare(args, workdir, home, shared, server)
+        print_setup(args, inputs)
+        try:
+            results: list[Timed] = start_spark_server(server.url, inputs.small, args.master, inputs.idem_home, args.spark_server)
+            if args.spark_server == "auto":
+                results.append(warm_spark_server(server.url, inputs.config, inputs.files, inputs.shape, args.master, inputs.idem_home))
+            rounds, loads = run_rounds(args, inputs)
+            results += rounds
+        finally:
+            stop_spark_server(inputs.idem_home)
+    return inputs, results, loads
+
+
+def report(
+    args: argparse.Namespace, machine: dict[str, Any], out_path: Path, inputs: Inputs, results: list[Timed], loads: dict[int, float]
+) -> int:
+    """The medians and ratios as a table, the goals met or not, the first ingest per round; all
+    of it as JSON in ``out_path``. Exit status 1 if a phase did not do what it must."""
+    shape, server = inputs.shape, inputs.server
     rows = summarize(results)
     add_ratios(rows)
     met = goals(rows)
@@ -432,9 +488,9 @@ def main() -> int:
         "benchmark": "shared_bench",
         "args": vars(args),
         "machine": machine,
-        "server": {"url": masked_url(server.url), "via": server.via, "started_here": server.started, **facts},
+        "server": {"url": masked_url(server.url), "via": server.via, "started_here": server.started, **inputs.facts},
         "data": shape,
-        "stix": None if args.skip_small else small.stix_shape,
+        "stix": None if args.skip_small else inputs.small.stix_shape,
         "spark_server": args.spark_server,
         "summary": rows,
         "goals": met,
@@ -443,6 +499,27 @@ def main() -> int:
     }, indent=1, default=str), encoding="utf-8")
     print(f"results: {out_path}")
     return 1 if any(row["problems"] for row in rows) else 0
+
+
+def main() -> int:
+    """Measure (on a server and with inputs made here when missing), then report: exit status 2
+    if the setup failed, 1 if a run failed or a phase did not do what it must."""
+    args = parse_args()
+    exit_on_sigterm()
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    home = peer_bench_home()
+    out_path = Path(args.out) if args.out else workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    machine = machine_facts()  # before the run: its load average is the machine's, not ours
+    try:
+        inputs, results, loads = measure(args, workdir, home)
+    except SetupError as exc:
+        print(f"shared_bench: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # a peer or an idem run failed: its own words, then stop
+        print(f"shared_bench: {exc}", file=sys.stderr)
+        return 1
+    return report(args, machine, out_path, inputs, results, loads)
 
 
 if __name__ == "__main__":

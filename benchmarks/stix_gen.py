@@ -227,92 +227,138 @@ class _Maker:
         return obj
 
     def make(self, kind: str, ident: str) -> dict[str, Any]:
+        """One object: the common properties, then its type's own. The random draws happen in a
+        fixed order (common, name, then the type's), which is what keeps a seed's bytes the same."""
         rng = self.rng
         obj = self.common(kind, ident)
         name = f"{kind.replace('-', ' ').title()} {rng.choice(WORDS)} {rng.randrange(10000)}"
         if kind == "relationship":
-            obj["relationship_type"] = rng.choice(["uses", "indicates", "mitigates", "targets", "attributed-to", "related-to", "variant-of"])
-            obj["source_ref"] = rng.choice(self.ids[rng.choice(["indicator", "malware", "threat-actor", "intrusion-set", "campaign"])])
-            obj["target_ref"] = rng.choice(self.ids[rng.choice(["attack-pattern", "malware", "vulnerability", "identity", "location", "tool"])])
-            if rng.random() < 0.15:
-                obj["description"] = self.text(3, 12)
-            if rng.random() < 0.2:
-                obj["start_time"] = self.stamp()
-            if rng.random() < 0.1:
-                obj["external_references"] = self.external_references(kind, 1, 1)
+            self.relationship(obj)
         elif kind == "indicator":
-            value = rng.choice([
-                f"[ipv4-addr:value = '{rng.randrange(1, 224)}.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}']",
-                f"[domain-name:value = 'cdn-{rng.getrandbits(24):06x}.example']",
-                f"[file:hashes.'SHA-256' = '{rng.getrandbits(256):064x}']",
-                f"[url:value = 'https://login-{rng.getrandbits(16):04x}.example/päth?q=ü']",
-            ])
-            obj.update(name=name, pattern=value, pattern_type="stix", pattern_version="2.1", valid_from=self.stamp(),
-                       indicator_types=self.some(["malicious-activity", "anomalous-activity", "attribution", "compromised"], 1, 2),
-                       kill_chain_phases=self.kill_chain(), description=self.text(1, 6))
-            if rng.random() < 0.4:
-                obj["valid_until"] = self.stamp(datetime(2025, 1, 1, tzinfo=UTC))
-            obj["external_references"] = self.external_references(kind, 0, 1)
+            self.indicator(obj, name)
         elif kind == "observed-data":
-            first = self.stamp()
-            obj.update(first_observed=first, last_observed=first, number_observed=rng.randrange(1, 10**6),
-                       object_refs=self.refs(["indicator", "infrastructure"], 1, 6))
+            self.observed_data(obj)
         elif kind == "sighting":
-            obj.update(sighting_of_ref=rng.choice(self.ids["indicator"]), count=rng.randrange(1, 500),
-                       observed_data_refs=self.refs(["observed-data"], 1, 3), where_sighted_refs=self.refs(["identity", "location"], 1, 2),
-                       first_seen=self.stamp(), summary=rng.random() < 0.1, description=self.text(2, 8))
+            self.sighting(obj)
         elif kind == "location":
-            obj.update(name=rng.choice(["São Paulo", "Kraków", "Zürich", "Москва", "東京", "القاهرة", "Reykjavík", "Ōsaka"]),
-                       region=rng.choice(["europe", "eastern-asia", "south-america", "northern-africa"]),
-                       country=rng.choice(["BR", "PL", "CH", "RU", "JP", "EG", "IS"]),
-                       city=rng.choice(["São Paulo", "Kraków", "Zürich", "Москва", "東京"]),
-                       latitude=round(rng.uniform(-90, 90), 6), longitude=round(rng.uniform(-180, 180), 6),
-                       precision=round(rng.uniform(10, 10_000), 1), description=self.text(2, 10))
+            self.location(obj)
         elif kind == "report":
-            obj.update(name=name, description=self.text(8, 30), published=self.stamp(),
-                       report_types=self.some(["threat-report", "attack-pattern", "campaign", "indicator"], 1, 2),
-                       object_refs=self.refs(["indicator", "malware", "threat-actor", "attack-pattern", "relationship", "vulnerability"], 4, 16),
-                       external_references=self.external_references(kind, 1, 3))
+            self.report(obj, name)
         else:
-            obj.update(name=name, description=self.text(2, 10), external_references=self.external_references(kind, 0, 2))
-            if kind == "malware":
-                obj.update(is_family=rng.random() < 0.7, malware_types=self.some(["ransomware", "trojan", "backdoor", "dropper", "worm", "spyware"], 1, 3),
-                           aliases=[f"{name} {s}" for s in self.some(["α", "β", "Gen", "v2", "Лоадер"], 0, 3)],
-                           first_seen=self.stamp(), capabilities=self.some(["exfiltrates-data", "persists-after-system-reboot", "communicates-with-c2", "evades-av"], 1, 3),
-                           implementation_languages=self.some(["c", "c++", "go", "rust", "python", "powershell"], 1, 2),
-                           architecture_execution_envs=self.some(["x86", "x86-64", "arm"], 1, 2), kill_chain_phases=self.kill_chain())
-            elif kind in ("threat-actor", "intrusion-set"):
-                obj.update(aliases=[f"{w} {rng.choice(['Bear', 'Panda', 'Kitten', 'Спайдер', '熊猫'])}" for w in self.some(["Fancy", "Cozy", "Wicked", "Velvet"], 1, 3)],
-                           goals=[self.text(3, 8) for _ in range(rng.randint(1, 3))], first_seen=self.stamp(),
-                           resource_level=rng.choice(["government", "organization", "team"]),
-                           primary_motivation=rng.choice(["espionage", "financial-gain", "ideology"]),
-                           secondary_motivations=self.some(["dominance", "notoriety", "revenge"], 0, 2))
-                if kind == "threat-actor":
-                    obj.update(threat_actor_types=self.some(["nation-state", "crime-syndicate", "hacker"], 1, 2),
-                               roles=self.some(["agent", "director", "sponsor"], 1, 2), sophistication=rng.choice(["advanced", "expert", "strategic"]))
-            elif kind == "attack-pattern":
-                obj.update(kill_chain_phases=self.kill_chain(), x_mitre_platforms=self.some(["Windows", "Linux", "macOS", "Azure AD", "SaaS"], 1, 4),
-                           x_mitre_detection=self.text(3, 12), x_mitre_version=f"{rng.randrange(1, 4)}.{rng.randrange(3)}",
-                           x_mitre_is_subtechnique=rng.random() < 0.5)
-            elif kind == "campaign":
-                obj.update(aliases=[name + " ζ"], first_seen=self.stamp(), last_seen=self.stamp(), objective=self.text(5, 20))
-            elif kind == "course-of-action":
-                obj["x_mitre_deprecated"] = rng.random() < 0.05
-            elif kind == "identity":
-                obj.update(identity_class=rng.choice(["organization", "individual", "class"]),
-                           sectors=self.some(["energy", "financial-services", "government-national", "healthcare"], 1, 2),
-                           contact_information=f"soc+{rng.randrange(1000)}@example.org; Tel. +49 {rng.randrange(10**8)}")
-            elif kind == "infrastructure":
-                obj.update(infrastructure_types=self.some(["command-and-control", "botnet", "hosting-malware", "phishing"], 1, 2),
-                           first_seen=self.stamp(), kill_chain_phases=self.kill_chain())
-            elif kind == "tool":
-                obj.update(tool_types=self.some(["remote-access", "credential-exploitation", "network-capture"], 1, 2),
-                           tool_version=f"{rng.randrange(1, 9)}.{rng.randrange(20)}", kill_chain_phases=self.kill_chain())
-            elif kind == "vulnerability":
-                obj["name"] = f"CVE-{rng.randrange(2015, 2026)}-{rng.randrange(1000, 60000)}"
-                obj.update(x_cvss_score=round(rng.uniform(0, 10), 1), x_epss=round(rng.random(), 5),
-                           x_cvss_vector=f"CVSS:3.1/AV:{rng.choice('NALP')}/AC:{rng.choice('LH')}/PR:{rng.choice('NLH')}/UI:{rng.choice('NR')}")
+            self.named(obj, kind, name)
         return obj
+
+    def relationship(self, obj: dict[str, Any]) -> None:
+        """The most common type: two refs into the pools, rarely a description or a reference."""
+        rng = self.rng
+        obj["relationship_type"] = rng.choice(["uses", "indicates", "mitigates", "targets", "attributed-to", "related-to", "variant-of"])
+        obj["source_ref"] = rng.choice(self.ids[rng.choice(["indicator", "malware", "threat-actor", "intrusion-set", "campaign"])])
+        obj["target_ref"] = rng.choice(self.ids[rng.choice(["attack-pattern", "malware", "vulnerability", "identity", "location", "tool"])])
+        if rng.random() < 0.15:
+            obj["description"] = self.text(3, 12)
+        if rng.random() < 0.2:
+            obj["start_time"] = self.stamp()
+        if rng.random() < 0.1:
+            obj["external_references"] = self.external_references("relationship", 1, 1)
+
+    def indicator(self, obj: dict[str, Any], name: str) -> None:
+        """A pattern over one of four observable kinds (an address, a domain, a hash, a URL)."""
+        rng = self.rng
+        value = rng.choice([
+            f"[ipv4-addr:value = '{rng.randrange(1, 224)}.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}']",
+            f"[domain-name:value = 'cdn-{rng.getrandbits(24):06x}.example']",
+            f"[file:hashes.'SHA-256' = '{rng.getrandbits(256):064x}']",
+            f"[url:value = 'https://login-{rng.getrandbits(16):04x}.example/päth?q=ü']",
+        ])
+        obj.update(name=name, pattern=value, pattern_type="stix", pattern_version="2.1", valid_from=self.stamp(),
+                   indicator_types=self.some(["malicious-activity", "anomalous-activity", "attribution", "compromised"], 1, 2),
+                   kill_chain_phases=self.kill_chain(), description=self.text(1, 6))
+        if rng.random() < 0.4:
+            obj["valid_until"] = self.stamp(datetime(2025, 1, 1, tzinfo=UTC))
+        obj["external_references"] = self.external_references("indicator", 0, 1)
+
+    def observed_data(self, obj: dict[str, Any]) -> None:
+        """A count of observations, with refs to the indicators and infrastructure seen."""
+        rng = self.rng
+        first = self.stamp()
+        obj.update(first_observed=first, last_observed=first, number_observed=rng.randrange(1, 10**6),
+                   object_refs=self.refs(["indicator", "infrastructure"], 1, 6))
+
+    def sighting(self, obj: dict[str, Any]) -> None:
+        """An indicator seen: refs to it, to observed data, and to where it was seen."""
+        rng = self.rng
+        obj.update(sighting_of_ref=rng.choice(self.ids["indicator"]), count=rng.randrange(1, 500),
+                   observed_data_refs=self.refs(["observed-data"], 1, 3), where_sighted_refs=self.refs(["identity", "location"], 1, 2),
+                   first_seen=self.stamp(), summary=rng.random() < 0.1, description=self.text(2, 8))
+
+    def location(self, obj: dict[str, Any]) -> None:
+        """Place names in several scripts, and real-valued coordinates."""
+        rng = self.rng
+        obj.update(name=rng.choice(["São Paulo", "Kraków", "Zürich", "Москва", "東京", "القاهرة", "Reykjavík", "Ōsaka"]),
+                   region=rng.choice(["europe", "eastern-asia", "south-america", "northern-africa"]),
+                   country=rng.choice(["BR", "PL", "CH", "RU", "JP", "EG", "IS"]),
+                   city=rng.choice(["São Paulo", "Kraków", "Zürich", "Москва", "東京"]),
+                   latitude=round(rng.uniform(-90, 90), 6), longitude=round(rng.uniform(-180, 180), 6),
+                   precision=round(rng.uniform(10, 10_000), 1), description=self.text(2, 10))
+
+    def report(self, obj: dict[str, Any], name: str) -> None:
+        """The largest objects: long text and many refs to other types."""
+        obj.update(name=name, description=self.text(8, 30), published=self.stamp(),
+                   report_types=self.some(["threat-report", "attack-pattern", "campaign", "indicator"], 1, 2),
+                   object_refs=self.refs(["indicator", "malware", "threat-actor", "attack-pattern", "relationship", "vulnerability"], 4, 16),
+                   external_references=self.external_references("report", 1, 3))
+
+    def named(self, obj: dict[str, Any], kind: str, name: str) -> None:
+        """The SDOs with a name and description (malware, actors, tools...), then each one's own."""
+        rng = self.rng
+        obj.update(name=name, description=self.text(2, 10), external_references=self.external_references(kind, 0, 2))
+        if kind == "malware":
+            self.malware(obj, name)
+        elif kind in ("threat-actor", "intrusion-set"):
+            self.actor(obj, kind)
+        elif kind == "attack-pattern":
+            obj.update(kill_chain_phases=self.kill_chain(), x_mitre_platforms=self.some(["Windows", "Linux", "macOS", "Azure AD", "SaaS"], 1, 4),
+                       x_mitre_detection=self.text(3, 12), x_mitre_version=f"{rng.randrange(1, 4)}.{rng.randrange(3)}",
+                       x_mitre_is_subtechnique=rng.random() < 0.5)
+        elif kind == "campaign":
+            obj.update(aliases=[name + " ζ"], first_seen=self.stamp(), last_seen=self.stamp(), objective=self.text(5, 20))
+        elif kind == "course-of-action":
+            obj["x_mitre_deprecated"] = rng.random() < 0.05
+        elif kind == "identity":
+            obj.update(identity_class=rng.choice(["organization", "individual", "class"]),
+                       sectors=self.some(["energy", "financial-services", "government-national", "healthcare"], 1, 2),
+                       contact_information=f"soc+{rng.randrange(1000)}@example.org; Tel. +49 {rng.randrange(10**8)}")
+        elif kind == "infrastructure":
+            obj.update(infrastructure_types=self.some(["command-and-control", "botnet", "hosting-malware", "phishing"], 1, 2),
+                       first_seen=self.stamp(), kill_chain_phases=self.kill_chain())
+        elif kind == "tool":
+            obj.update(tool_types=self.some(["remote-access", "credential-exploitation", "network-capture"], 1, 2),
+                       tool_version=f"{rng.randrange(1, 9)}.{rng.randrange(20)}", kill_chain_phases=self.kill_chain())
+        elif kind == "vulnerability":
+            obj["name"] = f"CVE-{rng.randrange(2015, 2026)}-{rng.randrange(1000, 60000)}"
+            obj.update(x_cvss_score=round(rng.uniform(0, 10), 1), x_epss=round(rng.random(), 5),
+                       x_cvss_vector=f"CVSS:3.1/AV:{rng.choice('NALP')}/AC:{rng.choice('LH')}/PR:{rng.choice('NLH')}/UI:{rng.choice('NR')}")
+
+    def malware(self, obj: dict[str, Any], name: str) -> None:
+        """Families and samples, with aliases in several scripts and list-valued properties."""
+        rng = self.rng
+        obj.update(is_family=rng.random() < 0.7, malware_types=self.some(["ransomware", "trojan", "backdoor", "dropper", "worm", "spyware"], 1, 3),
+                   aliases=[f"{name} {s}" for s in self.some(["α", "β", "Gen", "v2", "Лоадер"], 0, 3)],
+                   first_seen=self.stamp(), capabilities=self.some(["exfiltrates-data", "persists-after-system-reboot", "communicates-with-c2", "evades-av"], 1, 3),
+                   implementation_languages=self.some(["c", "c++", "go", "rust", "python", "powershell"], 1, 2),
+                   architecture_execution_envs=self.some(["x86", "x86-64", "arm"], 1, 2), kill_chain_phases=self.kill_chain())
+
+    def actor(self, obj: dict[str, Any], kind: str) -> None:
+        """Threat actors and intrusion sets share their motives; actors also get types and roles."""
+        rng = self.rng
+        obj.update(aliases=[f"{w} {rng.choice(['Bear', 'Panda', 'Kitten', 'Спайдер', '熊猫'])}" for w in self.some(["Fancy", "Cozy", "Wicked", "Velvet"], 1, 3)],
+                   goals=[self.text(3, 8) for _ in range(rng.randint(1, 3))], first_seen=self.stamp(),
+                   resource_level=rng.choice(["government", "organization", "team"]),
+                   primary_motivation=rng.choice(["espionage", "financial-gain", "ideology"]),
+                   secondary_motivations=self.some(["dominance", "notoriety", "revenge"], 0, 2))
+        if kind == "threat-actor":
+            obj.update(threat_actor_types=self.some(["nation-state", "crime-syndicate", "hacker"], 1, 2),
+                       roles=self.some(["agent", "director", "sponsor"], 1, 2), sophistication=rng.choice(["advanced", "expert", "strategic"]))
 
 
 def stix_objects(total: int = COUNT, *, seed: int = SEED) -> Iterator[dict[str, Any]]:
