@@ -28,7 +28,7 @@ from idem_platform.contract.canonical import (
     parse_and_canonicalize,
     repeated_key,
 )
-from idem_platform.contract.catalog import is_safe_column_name
+from idem_platform.contract.catalog import BINLOG_FILE_NUMBER, is_safe_column_name
 from idem_platform.contract.keys import ext_id_text
 from idem_platform.migrations import MigrationFailed, MigrationSource
 
@@ -277,12 +277,55 @@ def debezium_envelope(record: dict[str, Any]) -> dict[str, Any]:
     return payload if "schema" in record and isinstance(payload, dict) else record
 
 
+_BIGINT_END = 1 << 63  # the state keeps each part of a position as a bigint
+_BINLOG_FILE_NUMBER = re.compile(BINLOG_FILE_NUMBER)
+
+
+def _position_part(value: object, name: str, what: str) -> int:
+    """``value`` (``source.<name>``) as a part of a position, or the reject naming the field."""
+    if type(value) is not int or not 0 <= value < _BIGINT_END:
+        raise line_error("position", f"source.{name} is missing or not an integer from 0 to 2^63-1: {what}", f"source.{name}")
+    return value
+
+
+def debezium_position(source: object) -> dict[str, Any]:
+    """The source position of a change event, as its version names it, or the reject.
+
+    ``{"lsn": n}``: ``source.lsn`` of the PostgreSQL connector (the order ``[n]``);
+    ``{"binlog": {"file", "pos", "row"}}``: the MySQL connector's binlog coordinates, ordered
+    by the number that ends the file name (``mysql-bin.000010``: 10; past ``.999999`` MySQL
+    writes seven digits, so never as text), then ``pos``, then ``row`` (the row of a
+    multi-row event; none: 0). ``gtid`` and the timestamps are not the position. The fold
+    reads the same fields from ``_payload`` (:func:`idem_platform.postgres.current.fold`):
+    an event with a non-null ``lsn`` is ordered by it, any other by its binlog coordinates."""
+    fields = source if isinstance(source, dict) else {}
+    lsn = fields.get("lsn")
+    if lsn is not None or ("file" not in fields and "pos" not in fields):
+        what = (
+            "idem orders Debezium events by source.lsn (PostgreSQL connector) or by source.file, source.pos and "
+            "source.row (MySQL connector)"
+        )
+        return {"lsn": _position_part(lsn, "lsn", what)}
+    name = fields.get("file")
+    if type(name) is not str or _BINLOG_FILE_NUMBER.search(name) is None:
+        raise line_error(
+            "position",
+            "source.file is missing or not a binlog file name ending in its number (mysql-bin.000003): idem orders "
+            "the MySQL connector's events by that number, source.pos and source.row",
+            "source.file",
+        )
+    pos = _position_part(fields.get("pos"), "pos", "the event's position in its binlog file (MySQL connector)")
+    row = fields.get("row")
+    row = 0 if row is None else _position_part(row, "row", "the row's number within its binlog event (MySQL connector)")
+    return {"binlog": {"file": name, "pos": pos, "row": row}}
+
+
 def debezium_version(record: dict[str, Any], identity: tuple[str, ...]) -> tuple[dict[str, Any], bytes, str]:
     """A Debezium change event's version: ``(its row image with its op under DEBEZIUM_OP,
     the canonical bytes of the normalized version, its external id)``, or the reject.
 
-    The version is ``{op, lsn, row}``: the op, the source position (``source.lsn`` of the
-    PostgreSQL connector) and the row image (``after``; ``before`` for a delete). Its
+    The version is ``{op, <position>, row}``: the op, the source position
+    (:func:`debezium_position`) and the row image (``after``; ``before`` for a delete). Its
     canonical bytes make the record key and content hash, so an event re-sent with other
     timestamps (``ts_ms``, ``source.ts_ms``) or with(out) the schema wrapper is the same
     version. The external id is the identity fields' values (JSON text of the list when
@@ -294,15 +337,7 @@ def debezium_version(record: dict[str, Any], identity: tuple[str, ...]) -> tuple
     if op not in DEBEZIUM_OPS:
         shown = json.dumps(op, ensure_ascii=False)[:40]
         raise line_error("debezium", f"not a Debezium change event: op is {shown} (expected c, u, r, d or t)", "op")
-    source = event.get("source")
-    lsn = source.get("lsn") if isinstance(source, dict) else None
-    if type(lsn) is not int or not 0 <= lsn < 1 << 63:  # the state keeps it as a bigint
-        raise line_error(
-            "position",
-            "source.lsn is missing or not an integer from 0 to 2^63-1: idem orders Debezium events by the PostgreSQL "
-            "connector's source.lsn (events without it, e.g. MySQL's, have no position idem can compare)",
-            "source.lsn",
-        )
+    position = debezium_position(event.get("source"))
     image = event.get("before" if op == "d" else "after")
     if not isinstance(image, dict):
         which = "before (a delete's row image: REPLICA IDENTITY must not be NOTHING)" if op == "d" else "after"
@@ -315,6 +350,6 @@ def debezium_version(record: dict[str, Any], identity: tuple[str, ...]) -> tuple
     missing = [name for name, text in zip(identity, texts, strict=True) if not text]
     if missing:
         raise line_error("identity", f"the row image has no value for identity field {missing[0]!r}", missing[0])
-    canonical = canonical_value_bytes({"lsn": lsn, "op": op, "row": image})
+    canonical = canonical_value_bytes({**position, "op": op, "row": image})
     ext = texts[0] if len(texts) == 1 and texts[0] else canonical_value_bytes(values).decode("utf-8")
     return {**image, DEBEZIUM_OP: op}, canonical, ext

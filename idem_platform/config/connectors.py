@@ -239,7 +239,8 @@ class ConnectorBase(ConfigModel):
 
 _FORMAT_HELP = (
     "json: each record is a JSON object; debezium: each record is a Debezium change event "
-    "(docs/kafka.md): its row image is the version, op d deletes, source.lsn orders."
+    "(docs/kafka.md): its row image is the version, op d deletes, the source position orders "
+    "(source.lsn; a MySQL event's binlog file, pos and row)."
 )
 
 

@@ -144,9 +144,13 @@ def commit_index_name(table: str) -> str:
 # The identity of an upsert table that names no fields: the record's external id (the
 # connector's id field), as its record key holds it.
 EXTERNAL_ID = "_external_id"
-# The implied order of a Debezium-fed upsert table: the change event's source position
-# (``source.lsn``), not a column (a column name cannot start with ``_``).
+# The implied order of a Debezium-fed upsert table: the change event's source position, not
+# a column (a column name cannot start with ``_``), as a ``bigint[]``: ``[source.lsn]`` of the
+# PostgreSQL connector, ``[binlog file number, source.pos, source.row]`` of the MySQL one.
 SOURCE_POSITION = "_source_position"
+# The number that ends a MySQL binlog file name (``mysql-bin.000003``: 3), in Python's and
+# PostgreSQL's regular expressions alike (``\Z``: the very end, where ``$`` differs).
+BINLOG_FILE_NUMBER = r"\.([0-9]{1,18})\Z"
 # The implied order of an upsert table without ``order_by`` (and no Debezium feed): the
 # source's own order, ``ARRAY[commit sequence, position in the commit]`` (``bigint[]``), which
 # idem writes into the history's ``_source_order`` column as it inserts each version.

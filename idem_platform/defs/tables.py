@@ -255,7 +255,7 @@ def _upsert_description(spec: TableSpec) -> str:
     if spec.upsert is None:
         return ""
     if spec.upsert.debezium:
-        order = "source position (Debezium's `source.lsn`)"
+        order = "source position (Debezium's `source.lsn`, or a MySQL event's binlog `file`, `pos` and `row`)"
     elif spec.upsert.by_source:
         order = "source order (`_source_order`: the commit, then the file's line or the partition's offset)"
     else:

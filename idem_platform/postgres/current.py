@@ -23,7 +23,8 @@ was folded in by the commit that wrote it, so replays, repeats and any arrival o
 the same state. A delete is a version like any other, kept as a tombstone: an older
 version arriving later loses to it, a newer one wins.
 
-**The order** is the ``order_by`` column's value, a Debezium event's ``source.lsn``, or, on
+**The order** is the ``order_by`` column's value, a Debezium event's source position
+(``ARRAY[source.lsn]``, or ``ARRAY[binlog file number, pos, row]`` of a MySQL event), or, on
 a table without ``order_by``, the source's own order: ``_source_order``, ``ARRAY[commit
 number, position in the commit]``, which the commit writes beside each version it inserts
 (:mod:`idem_platform.write.apply.rows`); arrays compare element by element.
@@ -42,6 +43,7 @@ import psycopg
 from psycopg import sql
 
 from idem_platform.contract.catalog import (
+    BINLOG_FILE_NUMBER,
     EXTERNAL_ID,
     SOURCE_ORDER,
     SOURCE_POSITION,
@@ -119,12 +121,12 @@ def debezium_envelope_sql() -> sql.SQL:
 
 def _order_and_delete(upsert: UpsertSpec) -> tuple[sql.Composable, sql.Composable]:
     """A history row's order and whether it is a delete: its ``order_by`` column and
-    ``delete_when`` test, or, of a Debezium feed, its event's ``source.lsn`` and ``op = 'd'``
+    ``delete_when`` test, or, of a Debezium feed, its event's source position and ``op = 'd'``
     (read from ``_payload``, where the coercion found them valid)."""
     if upsert.debezium:
         event = debezium_envelope_sql()
         return (
-            sql.SQL("({} -> 'source' ->> 'lsn')::bigint").format(event),
+            _debezium_order(sql.SQL("({} -> 'source')").format(event)),
             sql.SQL("coalesce({} ->> 'op' = 'd', false)").format(event),
         )
     order = _SOURCE_ORDER if upsert.by_source else sql.SQL("h.{}").format(sql.Identifier(upsert.order_by))
@@ -132,6 +134,17 @@ def _order_and_delete(upsert: UpsertSpec) -> tuple[sql.Composable, sql.Composabl
         return order, sql.SQL("false")
     # Parameters, not literals: a value may hold '%', which a literal would make a placeholder.
     return order, sql.SQL("coalesce(h._payload -> %(delete_field)s::text = %(delete_equals)s::jsonb, false)")
+
+
+def _debezium_order(source: sql.Composable) -> sql.Composed:
+    """A Debezium event's order from its ``source`` (valid, by the rule of
+    :func:`idem_platform.coercion.rules.debezium_position`): ``[lsn]`` of the PostgreSQL
+    connector, ``[binlog file number, pos, row]`` of the MySQL one (a ``bigint[]``)."""
+    return sql.SQL(
+        "CASE WHEN {source} ->> 'lsn' IS NOT NULL THEN ARRAY[({source} ->> 'lsn')::bigint] "
+        "ELSE ARRAY[substring({source} ->> 'file' FROM {file_number})::bigint, ({source} ->> 'pos')::bigint, "
+        "coalesce(({source} ->> 'row')::bigint, 0)] END"
+    ).format(source=source, file_number=sql.Literal(BINLOG_FILE_NUMBER))
 
 
 # A history row's source order (alias ``h``). A version written before its table was in
@@ -148,9 +161,7 @@ _SOURCE_ORDER = sql.SQL(
 def _postgres_type(spec: TableSpec, name: str) -> str:
     if name == EXTERNAL_ID:
         return "text"
-    if name == SOURCE_POSITION:
-        return "bigint"
-    if name == SOURCE_ORDER:
+    if name in (SOURCE_POSITION, SOURCE_ORDER):
         return "bigint[]"
     for column in spec.columns:
         if column.name == name:
