@@ -13,6 +13,10 @@ never more than that row. The claim counts the attempt, so a row whose sending k
 dispatcher every time still ends, parked after ``max_attempts``. The answer is recorded
 only while the lease is still this dispatcher's (``claimed_by``).
 
+**Statistics.** The claim reads the first due row from an index in its order only while the
+planner knows how many rows are pending: a dispatcher analyzes the outbox itself when it
+changed a lot since its last ANALYZE (:func:`refresh_statistics`), not waiting for autovacuum.
+
 **Order.** The rows of one identity (effect, record type, external id) go in commit order
 (``seq``): a row is claimable only while no earlier row of its identity is pending and no
 other row of it is claimed, so a later version waits for the earlier one's delivery and two
@@ -98,6 +102,17 @@ SET claimed_by = %(worker)s, claimed_until = now() + make_interval(secs => l.lea
 FROM due, unnest(%(effects)s::text[], %(leases)s::float8[]) AS l(effect, lease)
 WHERE o.key = due.key AND l.effect = o.effect
 RETURNING o.key, o.effect, o.payload, o.attempts
+"""
+
+# The claim's plan rests on the outbox's planner statistics. A commit that writes thousands of
+# outbox rows into an outbox PostgreSQL last analyzed when it was empty (or held only delivered
+# rows) leaves the planner believing a handful of rows are pending: it then walks and sorts every
+# pending row on each claim (about 100 ms a claim at 10,000 pending rows instead of 0.15 ms) until
+# autovacuum analyzes the table, which may be minutes away (or never, where it is off). So the
+# dispatcher analyzes the outbox itself when this many rows changed since its last ANALYZE.
+STALE_STATISTICS_ROWS = 1000
+_CHANGED_SINCE_ANALYZE = """
+SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE schemaname = 'idem' AND relname = 'outbox'
 """
 
 # When the next row may be claimed: a row behind an earlier pending row of its identity waits
@@ -195,6 +210,7 @@ def deliver(
     deadline = time.monotonic() + wait_seconds
     with connect(url, autocommit=True, application_name="idem-effects") as conn:
         ensure_results_tables(conn, sorted({e.results_table for e in effects if e.results_table}))
+        refresh_statistics(conn)
         while limit is None or report.attempts < limit:
             row = conn.execute(_CLAIM, {"effects": names, "leases": leases, "worker": worker}).fetchone()
             if row is None:
@@ -202,11 +218,28 @@ def deliver(
                 if pause is None:
                     break
                 time.sleep(pause)
+                refresh_statistics(conn)  # commits meanwhile may have written many rows
                 continue
             key, name, payload, attempts = row
             report.attempts += 1
             _attempt(conn, by_name[name], key, payload, int(attempts), worker, report)
     return report
+
+
+def refresh_statistics(conn: psycopg.Connection) -> bool:
+    """``ANALYZE`` the outbox when :data:`STALE_STATISTICS_ROWS` rows or more changed since its
+    last analysis: a commit's new rows, and the claims and answers of earlier deliveries (two
+    changes each), so a dispatcher starting after a burst of 500 or more deliveries analyzes it
+    once (about 0.1 s at 10,000 rows on a busy 2-core machine). Checked when a dispatcher starts and after each wait.
+
+    ``SKIP_LOCKED``: a dispatcher never waits on another's ANALYZE or on autovacuum (PostgreSQL
+    skips the table with a warning instead; so it does for a role that may not analyze it).
+    """
+    row = conn.execute(_CHANGED_SINCE_ANALYZE).fetchone()
+    if row is None or row[0] is None or int(row[0]) < STALE_STATISTICS_ROWS:
+        return False
+    conn.execute("ANALYZE (SKIP_LOCKED) idem.outbox")
+    return True
 
 
 def _until_due(conn: psycopg.Connection, names: list[str], deadline: float) -> float | None:

@@ -16,7 +16,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from idem_platform.config import IdemConfig
-from idem_platform.effects.delivery import deliver
+from idem_platform.effects.delivery import STALE_STATISTICS_ROWS, deliver, refresh_statistics
 from idem_platform.idempotency import mint_key
 from idem_platform.postgres import connect
 from idem_platform_tests.helpers.cli import cli_env, idem_command, run
@@ -173,3 +173,42 @@ def test_cli_list_retry_and_purge(
     assert json.loads(out[-1]) == {"purged": 1} and outbox(pg_url) == []
     code, _, err = run(capsys, "effects", "deliver", "--effect", "nope")
     assert code == 1 and "no effect named 'nope'" in err and "(known: alert)" in err
+
+
+def _outbox_statistics(pg_url: str) -> tuple[int, int, float]:
+    """The outbox's rows changed since its last ANALYZE, how often it was analyzed, and the
+    planner's row count (``pg_class.reltuples``)."""
+    with connect(pg_url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT s.n_mod_since_analyze, s.analyze_count, c.reltuples FROM pg_stat_user_tables s "
+            "JOIN pg_class c ON c.oid = s.relid WHERE s.schemaname = 'idem' AND s.relname = 'outbox'"
+        ).fetchone()
+    assert found is not None
+    return int(found[0]), int(found[1]), float(found[2])
+
+
+def test_a_dispatcher_analyzes_an_outbox_that_grew_since_its_statistics(tmp_path: Path, pg_url: str) -> None:
+    """A commit of many effects into an outbox analyzed while empty: the dispatcher analyzes it
+    before claiming (else every claim walks all pending rows), and not again while it is fresh."""
+    with receiving(lambda key, seen: Reply(200)) as receiver:
+        config = effects_config(tmp_path, pg_url, [alert(receiver.url)])
+        with connect(pg_url, autocommit=True) as conn:
+            conn.execute("ANALYZE idem.outbox")  # known empty, as a new database's outbox is
+        with connect(pg_url, autocommit=True) as conn:  # closed at once: its counts are reported
+            conn.execute(
+                "INSERT INTO idem.outbox (key, effect, connector, record_type, external_id, record_key, payload, commit_id) "
+                "SELECT 'k' || i, 'alert', 'threatfeed', 'indicator', 'ioc-' || i, 'r' || i, '{}', %s "
+                "FROM generate_series(1, %s) i",
+                [COMMIT, STALE_STATISTICS_ROWS + 200],
+            )
+        deadline = time.monotonic() + 60
+        while _outbox_statistics(pg_url)[0] < STALE_STATISTICS_ROWS + 200:
+            assert time.monotonic() < deadline, "PostgreSQL never counted the inserted rows"
+            time.sleep(0.1)
+        _, analyzed_before, _ = _outbox_statistics(pg_url)
+        assert deliver(pg_url, config.effects, limit=1).delivered == 1
+    changed, analyzed, planned_rows = _outbox_statistics(pg_url)
+    assert analyzed == analyzed_before + 1 and planned_rows == STALE_STATISTICS_ROWS + 200 and changed < 10
+    with connect(pg_url, autocommit=True) as conn:
+        assert not refresh_statistics(conn)  # a few changes since: nothing to do
+    assert _outbox_statistics(pg_url)[1] == analyzed
