@@ -5,6 +5,7 @@ SIGKILL, and two dispatchers that never send one key at once."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import threading
@@ -212,3 +213,63 @@ def test_a_dispatcher_analyzes_an_outbox_that_grew_since_its_statistics(tmp_path
     with connect(pg_url, autocommit=True) as conn:
         assert not refresh_statistics(conn)  # a few changes since: nothing to do
     assert _outbox_statistics(pg_url)[1] == analyzed
+
+
+def _bucket(key: str) -> int:
+    """A key's share of the flaky receiver's script (minted keys are SHA-256 hex)."""
+    return int(key[:8], 16) % 6
+
+
+def _flaky(key: str, seen: int) -> Reply:
+    """Refuses a sixth of the keys (400), fails another sixth twice (503), and answers another
+    sixth's first request only after the dispatcher's timeout (it acted; the dispatcher gave up)."""
+    bucket = _bucket(key)
+    if bucket == 0:
+        return Reply(400, body='{"error":"unknown indicator"}')
+    if bucket == 1 and seen < 2:
+        return Reply(503)
+    if bucket == 2 and seen == 0:
+        return Reply(200, delay=1.5)
+    return Reply(200, delay=0.01)
+
+
+@pytest.mark.slow
+def test_a_flaky_receiver_through_sigkilled_dispatchers_gets_each_key_and_refusals_are_parked(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A receiver that refuses some keys, fails a share of requests and times out on others, while
+    ``idem effects deliver`` children are SIGKILLed at seeded random points of the burst and
+    restarted until nothing is pending: every accepted key is delivered, every refused one is
+    parked with its reason, and every row reached the receiver under its one key."""
+    chance = random.Random(37)
+    with receiving(_flaky) as receiver:
+        config = _config(
+            tmp_path, pg_url, receiver.url, http={"timeout_seconds": 1}, lease_seconds=3, max_attempts=12,
+        )
+        keys = owe(pg_url, 60)
+        env = cli_env(pg_url, tmp_path, config)
+        kills = 0
+        deadline = time.monotonic() + 180
+        while rows(pg_url, "SELECT count(*) FROM idem.outbox WHERE status = 'pending'")[0][0]:
+            assert time.monotonic() < deadline, "the outbox did not drain"
+            child = subprocess.Popen(
+                idem_command("effects", "deliver", "--wait-seconds", "4"), env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            if kills < 5:
+                target = len(receiver.keys()) + chance.randint(3, 12)
+                while len(receiver.keys()) < target and child.poll() is None:
+                    time.sleep(chance.uniform(0.0, 0.01))
+                if child.poll() is None:
+                    os.kill(child.pid, signal.SIGKILL)
+                    kills += 1
+            child.wait(timeout=120)
+    refused = {key for key in keys if _bucket(key) == 0}
+    owed = outbox(pg_url)
+    assert kills >= 3 and refused and len(refused) < len(keys)
+    assert {r["key"] for r in owed if r["status"] == "delivered"} == set(keys) - refused
+    parked = [r for r in owed if r["status"] == "failed"]
+    assert {r["key"] for r in parked} == refused
+    assert all(r["reason"] == "permanent answer: HTTP 400" and r["last_status"] == 400 for r in parked)
+    assert set(receiver.keys()) == set(keys)  # each row under its one key, whatever was re-sent
+    assert set(receiver.acted) == set(keys) - refused
