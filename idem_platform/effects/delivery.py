@@ -34,6 +34,9 @@ receiver says so, else after an exponential backoff with jitter, until ``max_att
 tries in all. Any other status (a 4xx, a redirect: never followed) is permanent. A row
 parked as ``failed`` keeps the reason; ``idem effects retry`` makes it due again.
 
+**Connections.** One ``deliver`` call keeps a connection per receiver open while the receiver
+keeps it (:mod:`.connections`); a request through a proxy goes through urllib.
+
 **Functions.** A ``python:`` effect calls ``function(payload, key)`` through
 :func:`~idem_platform.idempotency.run_idempotently` in the ledger namespace
 ``effects.<effect>`` under the minted key: its JSON result is recorded in the ledger in
@@ -66,6 +69,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from idem_platform.config.effects import MAX_RESPONSE_CHARS, EffectConfig
+from idem_platform.effects.connections import Connections, direct
 from idem_platform.effects.results import (
     MAX_RESULT_BYTES,
     as_json,
@@ -77,6 +81,7 @@ from idem_platform.idempotency import run_idempotently
 from idem_platform.postgres.connection import connect
 from idem_platform.redact import scrub
 
+USER_AGENT = "idem-effects"  # unless an effect's headers name another
 EFFECTS_NAMESPACE = "effects"  # a function effect's ledger rows: effects.<effect name>
 # How long a function's recorded result is kept for a replay: as long as a row may stay owed
 # (a week of retries and parking), not the ledger's one-day default.
@@ -208,7 +213,7 @@ def deliver(
     leases = [by_name[name].lease_seconds for name in names]
     report = DeliveryReport()
     deadline = time.monotonic() + wait_seconds
-    with connect(url, autocommit=True, application_name="idem-effects") as conn:
+    with connect(url, autocommit=True, application_name="idem-effects") as conn, Connections() as connections:
         ensure_results_tables(conn, sorted({e.results_table for e in effects if e.results_table}))
         refresh_statistics(conn)
         while limit is None or report.attempts < limit:
@@ -222,7 +227,7 @@ def deliver(
                 continue
             key, name, payload, attempts = row
             report.attempts += 1
-            _attempt(conn, by_name[name], key, payload, int(attempts), worker, report)
+            _attempt(conn, by_name[name], key, payload, int(attempts), worker, report, connections)
     return report
 
 
@@ -255,7 +260,7 @@ def _until_due(conn: psycopg.Connection, names: list[str], deadline: float) -> f
 
 def _attempt(
     conn: psycopg.Connection, effect: EffectConfig, key: str, payload: Any, attempts: int, worker: str,
-    report: DeliveryReport,
+    report: DeliveryReport, connections: Connections | None = None,
 ) -> None:
     """Send one claimed row (unless its tries are spent) and record what came of it."""
     reason: str | None
@@ -263,7 +268,7 @@ def _attempt(
         answer = Answer(None, "the dispatcher of the last try stopped before recording an answer")
         outcome, reason, delay = "failed", f"max_attempts ({effect.max_attempts}) reached: {answer.text}", None
     else:
-        answer = call(conn, effect, key, payload) if effect.python is not None else send(effect, key, payload)
+        answer = call(conn, effect, key, payload) if effect.python is not None else send(effect, key, payload, connections)
         outcome, reason, delay = _judge(effect, answer, attempts)
         checkpoint("effect_sent", effect=effect.name)
     status = {"retrying": "pending"}.get(outcome, outcome)
@@ -337,16 +342,21 @@ def call(conn: psycopg.Connection, effect: EffectConfig, key: str, payload: Any)
     return Answer(None, json.dumps(result, ensure_ascii=False, default=str), done=True, data=result)
 
 
-def send(effect: EffectConfig, key: str, payload: Any) -> Answer:
-    """One request of ``effect`` for the row ``key`` with body ``payload``; never raises."""
+def send(effect: EffectConfig, key: str, payload: Any, connections: Connections | None = None) -> Answer:
+    """One request of ``effect`` for the row ``key`` with body ``payload``; never raises.
+
+    ``connections``: the dispatcher's kept-alive connections (a request no proxy carries goes
+    on one, :mod:`.connections`); without them, or through a proxy, urllib sends it.
+    """
     http = effect.http
     assert http is not None  # noqa: S101 - the caller chose this path for an HTTP effect
-    request = urllib.request.Request(
-        http.url,
-        data=json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
-        method=http.method,
-        headers={"Content-Type": "application/json", **http.headers, "Idempotency-Key": key},
-    )
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    headers = {"Content-Type": "application/json", **http.headers, "Idempotency-Key": key}
+    if not any(name.lower() == "user-agent" for name in headers):
+        headers["User-Agent"] = USER_AGENT
+    if connections is not None and direct(http.url):
+        return _send_kept(connections, effect, data, headers)
+    request = urllib.request.Request(http.url, data=data, method=http.method, headers=headers)
     try:
         with _OPENER.open(request, timeout=http.timeout_seconds) as response:
             if effect.results_table is None:
@@ -363,6 +373,25 @@ def send(effect: EffectConfig, key: str, payload: Any) -> Answer:
         if isinstance(reason, TimeoutError):
             return Answer(None, f"timeout after {http.timeout_seconds:g}s")
         return Answer(None, f"connection error: {type(reason).__name__}: {reason}")
+
+
+def _send_kept(connections: Connections, effect: EffectConfig, data: bytes, headers: dict[str, str]) -> Answer:
+    """:func:`send` on a kept-alive connection: the same answers as through urllib."""
+    http = effect.http
+    assert http is not None  # noqa: S101 - send() checked it
+    limit = MAX_RESULT_BYTES if effect.results_table is not None else MAX_RESPONSE_CHARS * 4
+    try:
+        response = connections.exchange(http.method, http.url, data, headers, http.timeout_seconds, limit)
+    except TimeoutError:
+        return Answer(None, f"timeout after {http.timeout_seconds:g}s")
+    except (HTTPException, OSError) as error:
+        return Answer(None, f"connection error: {type(error).__name__}: {error}")
+    if not 200 <= response.status < 300:
+        return Answer(response.status, _text(response.body), _retry_after(response.headers.get("Retry-After")))
+    if effect.results_table is None:
+        return Answer(response.status, _text(response.body))
+    whole = scrub(response.body.decode("utf-8", errors="replace"))
+    return Answer(response.status, whole[:MAX_RESPONSE_CHARS], data=as_json(whole))
 
 
 def _text(body: bytes) -> str:

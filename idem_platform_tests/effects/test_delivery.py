@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -17,7 +18,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from idem_platform.config import IdemConfig
-from idem_platform.effects.delivery import STALE_STATISTICS_ROWS, deliver, refresh_statistics
+from idem_platform.effects.connections import Connections
+from idem_platform.effects.delivery import STALE_STATISTICS_ROWS, deliver, refresh_statistics, send
 from idem_platform.idempotency import mint_key
 from idem_platform.postgres import connect
 from idem_platform_tests.helpers.cli import cli_env, idem_command, run
@@ -273,3 +275,32 @@ def test_a_flaky_receiver_through_sigkilled_dispatchers_gets_each_key_and_refusa
     assert all(r["reason"] == "permanent answer: HTTP 400" and r["last_status"] == 400 for r in parked)
     assert set(receiver.keys()) == set(keys)  # each row under its one key, whatever was re-sent
     assert set(receiver.acted) == set(keys) - refused
+
+
+@pytest.mark.parametrize("keep_alive", [True, False], ids=["receiver keeps connections", "receiver closes them"])
+def test_a_dispatcher_keeps_one_connection_per_receiver_while_the_receiver_keeps_it(
+    tmp_path: Path, pg_url: str, keep_alive: bool
+) -> None:
+    with receiving(lambda key, seen: Reply(200), keep_alive=keep_alive) as receiver:
+        config = _config(tmp_path, pg_url, receiver.url)
+        keys = owe(pg_url, 12)
+        assert deliver(pg_url, config.effects).delivered == 12
+    assert sorted(receiver.keys()) == sorted(keys)
+    assert len(set(receiver.peers)) == (1 if keep_alive else 12)
+
+
+def test_a_kept_connection_the_receiver_closed_meanwhile_is_replaced(tmp_path: Path, pg_url: str) -> None:
+    """A receiver that drops its idle connections (its keep-alive timeout) between two rows: the
+    next request goes on a new connection, sent once."""
+    with receiving(lambda key, seen: Reply(200)) as receiver:
+        config = _config(tmp_path, pg_url, receiver.url)
+        (effect,) = config.effects
+        keys = owe(pg_url, 2)
+        with Connections() as connections:
+            first = send(effect, keys[0], {"n": 0}, connections)
+            for kept in connections._open.values():  # the connection breaks, as when an idle timeout closes it
+                assert kept.sock is not None
+                kept.sock.shutdown(socket.SHUT_RDWR)
+            second = send(effect, keys[1], {"n": 1}, connections)
+    assert (first.status, second.status) == (200, 200)
+    assert receiver.keys() == keys and len(set(receiver.peers)) == 2
