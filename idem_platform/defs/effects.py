@@ -14,6 +14,9 @@
   check is not run by a materialization of its asset: each commit that writes the table
   reports an evaluation from its ``committed`` step (:func:`owed_evaluations`), so does
   every delivery run, and the check can be executed from the UI on its own.
+* ``idem/<results_table>``, the asset of each effect's results table
+  (:mod:`idem_platform.defs.results`): each delivery run that recorded answers reports a
+  materialization of it.
 """
 
 # No "from __future__ import annotations": Dagster reads the op's config class from its annotation.
@@ -28,6 +31,7 @@ from idem_platform.config import IdemConfig
 from idem_platform.config.effects import EffectConfig
 from idem_platform.defs.metadata import to_metadata
 from idem_platform.defs.resources import DEFAULT_KEYS, ResourceKeys
+from idem_platform.defs.results import results_asset_specs, results_materializations
 from idem_platform.defs.tables import table_key, writers
 from idem_platform.effects.admin import due_rows, outbox_counts, owed
 from idem_platform.effects.delivery import deliver
@@ -39,7 +43,6 @@ OP_NAME = "idem_effects_deliver_op"
 SENSOR_NAME = "idem_effects_sensor"
 CHECK_NAME = "effects_owed"
 SENSOR_INTERVAL_SECONDS = 30
-EFFECT_TAG = "idem/effect"
 # A run in one of these states holds or will hold claims: the sensor waits for it to end.
 IN_PROGRESS = [
     dg.DagsterRunStatus.QUEUED,
@@ -153,7 +156,9 @@ def deliver_job(
             report.failed, report.attempts,
         )
         wanted = {e.record_type for e in chosen}
+        delivered = {name: counts["delivered"] for name, counts in report.by_effect.items()}
         with postgres.connection(autocommit=True) as conn:
+            yield from results_materializations(conn, chosen, delivered)  # idem/<results_table>
             yield from owed_evaluations(conn, {rt: b for rt, b in checked.items() if rt in wanted})
         result = {
             "delivered": report.delivered, "retrying": report.retrying, "failed": report.failed,
@@ -213,11 +218,13 @@ def effects_sensor(
 def effects_definitions(
     config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_KEYS, job_suffix: str = ""
 ) -> dg.Definitions:
-    """The delivery job, its sensor and the ``effects_owed`` checks; nothing for a config without effects."""
+    """The delivery job, its sensor, the ``effects_owed`` checks and the results tables' assets;
+    nothing for a config without effects."""
     if not config.effects:
         return dg.Definitions()
     job = deliver_job(config, resource_keys, name=JOB_NAME + job_suffix)
     return dg.Definitions(
+        assets=results_asset_specs(config, resource_keys),
         jobs=[job],
         sensors=[effects_sensor(config, job, resource_keys, name=SENSOR_NAME + job_suffix)],
         asset_checks=effects_owed_checks(config, resource_keys),

@@ -26,11 +26,14 @@ from pydantic import Field, PrivateAttr
 
 from idem_platform.config import IdemConfig
 from idem_platform.defs.resources import ConfigsByTable, PostgresResource, SparkResource
+from idem_platform.defs.results import count_results
 from idem_platform.defs.summary import summary_from_metadata
 from idem_platform.defs.tables import record_type_of
 from idem_platform.pipeline.ingest import check_cluster_reach
-from idem_platform.postgres.schema import qualified_table_name
+from idem_platform.postgres import connect
+from idem_platform.postgres.schema import SCHEMA, qualified_table_name
 from idem_platform.private_files import create_private, private_dir
+from idem_platform.read.results import results_frame
 from idem_platform.read.table import read_table
 from idem_platform.redact import secrets_kept
 
@@ -210,7 +213,11 @@ class TableIOManager(dg.ConfigurableIOManager):
     current state, one row per identity, which it reads by default). What was read (rows per stored schema version, the current version,
     rows skipped) is recorded as the input's metadata, an observation of the table.
 
-    ``handle_output`` refuses: the tables are written only by the connectors' commits.
+    An effect's results table (``idem/<results_table>``) is loaded too: a lazy frame of its
+    rows (:func:`~idem_platform.read.results.results_frame`; input metadata: ``limit``).
+
+    ``handle_output`` refuses: the tables are written only by the connectors' commits (and the
+    results tables by the delivery that records each answer).
     """
 
     postgres: dg.ResourceDependency[PostgresResource]
@@ -234,12 +241,15 @@ class TableIOManager(dg.ConfigurableIOManager):
 
     def load_input(self, context: dg.InputContext) -> Any:
         record_type = record_type_of(context.asset_key) if context.has_asset_key else None
+        if self.configs.results(record_type) is not None:
+            assert record_type is not None  # a results table was found by this name
+            return self._load_results(context, record_type)
         idem_config: IdemConfig | None = self.configs.get(record_type)
         if record_type is None or idem_config is None:
             known = ", ".join(self.configs.names()) or "none"
             raise dg.DagsterInvariantViolationError(
-                f"input {context.name!r}: idem_table_io_manager loads idem/<record_type> table assets "
-                f"(record types: {known}), not {context.asset_key.to_user_string() if context.has_asset_key else 'a non-asset input'}"
+                f"input {context.name!r}: idem_table_io_manager loads idem/<table> assets "
+                f"(tables: {known}), not {context.asset_key.to_user_string() if context.has_asset_key else 'a non-asset input'}"
             )
         options = dict(context.definition_metadata or {})
         skip = bool(options.get(SKIP_FAILED_METADATA, self.skip_failed_migrations))
@@ -277,3 +287,25 @@ class TableIOManager(dg.ConfigurableIOManager):
             qualified_table_name(record_type), dict(sorted(read.rows_by_version.items())), read.current_version,
         )
         return read.frame
+
+    def _load_results(self, context: dg.InputContext, name: str) -> Any:
+        """An effect's results table ``idem.<name>`` as a lazy Spark DataFrame, oldest delivery first
+        (``limit``: at most that many rows); its row count recorded as the input's metadata."""
+        options = dict(context.definition_metadata or {})
+        unknown = sorted(set(options) - {"limit"})
+        if unknown:
+            raise dg.DagsterInvariantViolationError(
+                f"input {context.name!r}: idem/{name} is an effect's results table; of the input metadata "
+                f"only 'limit' applies to it, not {', '.join(map(repr, unknown))}"
+            )
+        limit = int(options["limit"]) if options.get("limit") is not None else None
+        url = self.postgres.resolved_url
+        check_cluster_reach(self.spark.master, url)
+        with secrets_kept(), connect(url, autocommit=True) as conn:
+            rows = count_results(conn, name)
+        context.add_input_metadata(
+            {"table": dg.MetadataValue.text(f"{SCHEMA}.{name}"), "rows": dg.MetadataValue.int(rows)},
+            description=f"read {SCHEMA}.{name} as a Spark DataFrame",
+        )
+        with secrets_kept():
+            return results_frame(self.spark.spark_session, url, name, limit=limit)

@@ -103,21 +103,35 @@ class ConfigsByTable:
 
     def __init__(self) -> None:
         self._configs: dict[str, Any] = {}
+        self._results: dict[str, Any] = {}  # an effect's results table -> the config declaring it
+
+    @staticmethod
+    def _results_of(config: Any) -> list[str]:
+        return [effect.results_table for effect in config.effects if effect.results_table]
 
     def conflicts(self, config: Any) -> bool:
-        """Whether ``config`` declares a record type another config here declares differently."""
-        return any(name in self._configs and self._configs[name] != config for name in config.table_specs)
+        """Whether ``config`` declares a record type or results table another config here declares differently."""
+        return any(name in self._configs and self._configs[name] != config for name in config.table_specs) or any(
+            name in self._results and self._results[name] != config for name in self._results_of(config)
+        )
 
     def add(self, config: Any) -> None:
         for name in config.table_specs:
             self._configs[name] = config
+        for name in self._results_of(config):
+            self._results[name] = config
+
+    def results(self, name: str | None) -> Any:
+        """The ``IdemConfig`` with an effect whose ``results_table`` is ``name``, else None."""
+        return self._results.get(name) if name is not None else None
 
     def get(self, record_type: str | None) -> Any:
         """The ``IdemConfig`` declaring ``record_type``, else None."""
         return self._configs.get(record_type) if record_type is not None else None
 
     def names(self) -> list[str]:
-        return sorted(self._configs)
+        """The record types and results tables known here."""
+        return sorted({*self._configs, *self._results})
 
 
 class PostgresResource(dg.ConfigurableResource):

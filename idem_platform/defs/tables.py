@@ -201,6 +201,22 @@ def column_lineage(schema: dg.TableSchema, spec: TableSpec, connectors: list[Con
     )
 
 
+def check_not_shadowed(config: IdemConfig, name: str, what: str) -> None:
+    """``idem/<name>`` (a table asset) is not also a step of a connector named ``idem``.
+
+    Raises:
+        ConfigError: a connector named ``idem`` and ``name`` (``what``: a record type, a
+            results table) named like one of its steps would give two assets one key.
+    """
+    if name in _STEP_NAMES and any(c.identifier == KEY_PREFIX for c in config.connectors):
+        raise ConfigError(
+            f"{what} {name!r} and connector {KEY_PREFIX!r} would both be the Dagster asset "
+            f"{KEY_PREFIX}/{name} (tables are keyed {KEY_PREFIX}/<table>); rename the connector",
+            path=str(config.source) if config.source else None,
+            key="connectors",
+        )
+
+
 def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_KEYS) -> list[dg.AssetSpec]:
     """One loadable, non-materializable asset per record type a connector writes
     (loaded by ``resource_keys.table_io_manager``).
@@ -211,13 +227,7 @@ def table_asset_specs(config: IdemConfig, resource_keys: ResourceKeys = DEFAULT_
     """
     specs = []
     for record_type, connectors in writers(config).items():
-        if record_type in _STEP_NAMES and any(c.identifier == KEY_PREFIX for c in config.connectors):
-            raise ConfigError(
-                f"record type {record_type!r} and connector {KEY_PREFIX!r} would both be the Dagster asset "
-                f"{KEY_PREFIX}/{record_type} (tables are keyed {KEY_PREFIX}/<record_type>); rename the connector",
-                path=str(config.source) if config.source else None,
-                key="connectors",
-            )
+        check_not_shadowed(config, record_type, "record type")
         spec = config.table_specs[record_type]
         meta = next((c.meta_column for c in connectors if c.meta_column), None)
         names = ", ".join(f"`{c.name}`" for c in connectors)
@@ -283,7 +293,7 @@ def count_rows(conn: psycopg.Connection, record_type: str, *, exact_max_bytes: i
     big, commit): it is counted exactly, which costs a fraction of that commit.
     """
     query = sql.SQL("SELECT count(*) FROM {}").format(table_ident(record_type))
-    return _count(conn, table_name(record_type), query, exact_max_bytes)
+    return count_relation(conn, table_name(record_type), query, exact_max_bytes)
 
 
 def count_current(conn: psycopg.Connection, record_type: str, *, exact_max_bytes: int = EXACT_COUNT_MAX_BYTES) -> RowCount:
@@ -292,10 +302,10 @@ def count_current(conn: psycopg.Connection, record_type: str, *, exact_max_bytes
     deleted identities included (labelled inexact)."""
     state = upsert_relations(record_type)[0]
     query = sql.SQL("SELECT count(*) FROM {} WHERE NOT _deleted").format(state_ident(record_type))
-    return _count(conn, state, query, exact_max_bytes)
+    return count_relation(conn, state, query, exact_max_bytes)
 
 
-def _count(conn: psycopg.Connection, relation: str, query: sql.Composed, exact_max_bytes: int) -> RowCount:
+def count_relation(conn: psycopg.Connection, relation: str, query: sql.Composed, exact_max_bytes: int) -> RowCount:
     """``query``'s count, or the estimate of table ``idem.<relation>`` when it is over
     ``exact_max_bytes`` and analyzed (:func:`count_rows`)."""
     stats = conn.execute(

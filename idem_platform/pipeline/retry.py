@@ -44,7 +44,9 @@ NOT_RETRYABLE = {
     "unplaceable": "position does not end with its line: the original position cannot be rebuilt",
     "blank": "blank line: not a record",
 }
-RESULT_KEYS = ("tables", "schema_versions", "sources", "timings", "already_committed", "prior")
+RESULT_KEYS = (
+    "tables", "schema_versions", "sources", "timings", "already_committed", "prior", "effects_created", "effects_suppressed",
+)
 
 
 def retry_rejects(

@@ -28,14 +28,14 @@ BATCH_BYTES = 4 << 20  # the driver's hint for an Arrow batch (~10,000 threat-fe
 _BATCH_HINT = "adbc.postgresql.batch_size_hint_bytes"
 
 
-def _conninfo(url: str) -> str:
+def conninfo(url: str) -> str:
     """``url`` as a libpq conninfo string, with the read's application name and keepalives."""
     given = conninfo_to_dict(url)
     extra = {k: v for k, v in KEEPALIVES.items() if k not in given}
     return make_conninfo(url, application_name="idem-read", **extra)
 
 
-def _typed(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def typed_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """The driver's batch in the frame's schema (extension types unwrapped, types as Spark wants them)."""
     arrays = []
     for array, target in zip(batch.columns, schema, strict=True):
@@ -58,12 +58,12 @@ def read_rows(plan: ReadPlan, index: int, schema: pa.Schema) -> Iterator[pa.Reco
 
     query = plan.query(index).as_string(None)
     try:
-        with adbc.connect(_conninfo(plan.url), autocommit=True) as conn, conn.cursor() as cursor:
+        with adbc.connect(conninfo(plan.url), autocommit=True) as conn, conn.cursor() as cursor:
             cursor.adbc_statement.set_options(**{_BATCH_HINT: str(BATCH_BYTES)})
             cursor.execute(query)
             for batch in cursor.fetch_record_batch():
                 if batch.num_rows:
-                    yield _typed(batch, schema)
+                    yield typed_batch(batch, schema)
     except (adbc_driver_manager.Error, pa.ArrowException, OSError) as exc:  # OSError: lost mid-stream
         raise as_psycopg_error(exc) from None
 

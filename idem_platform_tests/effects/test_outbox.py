@@ -8,19 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from psycopg import sql
 
-from idem_platform.config import IdemConfig
+from idem_platform.config import IdemConfig, parse_config
 from idem_platform.contract.keys import minted_key
 from idem_platform.effects.outbox import minted_key_sql
 from idem_platform.idempotency import mint_key
+from idem_platform.pipeline.retry import retry_rejects
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.cli import cli_env, idem_command
 from idem_platform_tests.helpers.database import rows
 from idem_platform_tests.helpers.effects import alert, effects_config, outbox
 from idem_platform_tests.helpers.faults import kill_at_fault
-from idem_platform_tests.helpers.ingest import ingest
+from idem_platform_tests.helpers.ingest import ingest, ingest_records
 from idem_platform_tests.helpers.paths import SPEC_DIR
 
 FIRST = [
@@ -124,3 +126,30 @@ def test_a_commit_killed_around_its_commit_owes_each_effect_once(
         ("alert", "ioc-1"), ("enrich", "ioc-1"), ("enrich", "ioc-2"), ("enrich", "ioc-3")
     ]
     assert rows(pg_url, "SELECT count(DISTINCT commit_id) FROM idem.outbox") == [(1,)]
+
+
+def test_the_rejects_retry_owes_effects_for_the_rows_it_writes_and_none_for_committed_ones(
+    tmp_path: Path, pg_url: str, config: IdemConfig, spark: Any
+) -> None:
+    nameless = [
+        {"type": "indicator", "id": "ioc-7", "confidence": 95},  # no name: a reject, committed later
+        {"type": "indicator", "id": "ioc-9", "confidence": 99},  # no name: a reject, only retried
+    ]
+    first = ingest(pg_url, config, spark, _drop(config, "a.ndjson", [*nameless, FIRST[0]]))
+    assert (first["rows_written"], first["effects_created"]) == (1, 2)  # ioc-1: alert and enrich
+    # name no longer required: the same ioc-7 record now passes, and is committed by a new file.
+    assert config.source is not None
+    data = yaml.safe_load(config.source.read_text(encoding="utf-8"))
+    data["tables"]["indicator"]["columns"]["name"]["required"] = False
+    relaxed = parse_config(yaml.safe_dump(data, sort_keys=False), config.source)
+    later = ingest_records(pg_url, relaxed, spark, "threatfeed", "b.ndjson", nameless[:1])
+    assert (later["rows_written"], later["effects_created"]) == (1, 2)
+    before = outbox(pg_url)
+    retried = retry_rejects(pg_url, relaxed, relaxed.connector("threatfeed"), lambda: spark)
+    after = outbox(pg_url)
+    # ioc-9 written by the retry owes its two effects; ioc-7, committed already, owes nothing more.
+    added = [r for r in after if r not in before]
+    assert retried["rows_written"] == 1 and retried["effects_created"] == 2
+    assert sorted((r["effect"], r["payload"]["id"]) for r in added) == [("alert", "ioc-9"), ("enrich", "ioc-9")]
+    again = retry_rejects(pg_url, relaxed, relaxed.connector("threatfeed"), lambda: spark)
+    assert again.get("effects_created", 0) == 0 and outbox(pg_url) == after

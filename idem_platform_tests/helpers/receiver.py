@@ -38,6 +38,7 @@ class Receiver:
     acted: dict[str, int] = field(default_factory=dict)  # key -> times acted (must stay 1)
     in_flight: dict[str, int] = field(default_factory=dict)
     overlaps: list[str] = field(default_factory=list)  # keys received while the same key was in flight
+    peers: list[int] = field(default_factory=list)  # the client port of each request: its connection
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def keys(self) -> list[str]:
@@ -65,9 +66,16 @@ class Receiver:
         return reply
 
 
-def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
+def _handler(receiver: Receiver, keep_alive: bool) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # HTTP/1.1 keeps connections open; TCP_NODELAY as a production server's sockets (else the
+        # body, written after the headers, waits for the client's delayed ACK on a kept connection).
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+        disable_nagle_algorithm = True
+
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            with receiver.lock:
+                receiver.peers.append(self.client_address[1])
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"null")
             reply = receiver.handle(self.headers.get("Idempotency-Key") or "", body, dict(self.headers.items()))
@@ -89,10 +97,11 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def receiving(script: Script | None = None) -> Iterator[Receiver]:
-    """A receiver on 127.0.0.1 (a free port) for the block; ``script``: default always 200."""
+def receiving(script: Script | None = None, *, keep_alive: bool = True) -> Iterator[Receiver]:
+    """A receiver on 127.0.0.1 (a free port) for the block; ``script``: default always 200;
+    ``keep_alive=False``: it closes each connection after its answer (HTTP/1.0)."""
     receiver = Receiver(script or (lambda key, seen: Reply()))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver, keep_alive))
     server.daemon_threads = True
     receiver.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
