@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,3 +273,25 @@ def test_the_command_check_refuses_what_does_not_exist(monkeypatch: pytest.Monke
             parse_idem(wrong, monkeypatch)
     parse_idem(["--config", "idem.yaml", "rejects", "retry", "--dry-run", "-v"], monkeypatch)
     assert "demo" in make_targets() and "frobnicate" not in make_targets()
+
+
+def _tracked_text_files() -> list[Path]:
+    """The repository's tracked text files (``git ls-files``), or none outside a git checkout."""
+    done = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=False)
+    suffixes = {".md", ".py", ".yaml", ".yml", ".toml", ".sql", ".c", ".pyi", ".cfg", ".txt"}
+    names = done.stdout.splitlines() if done.returncode == 0 else []
+    return [REPO / n for n in names if Path(n).suffix in suffixes or Path(n).name == "Makefile"]
+
+
+def test_no_merge_conflict_markers_are_committed() -> None:
+    """A merge resolved by hand once left ``<<<<<<<``/``=======``/``>>>>>>>`` in a page that
+    still rendered; nothing else would have noticed."""
+    markers = re.compile(r"^(<{7} |={7}$|>{7} )", re.M)
+    found = [
+        f"{path.relative_to(REPO)}:{text[: m.start()].count(chr(10)) + 1}"
+        for path in _tracked_text_files()
+        if path.is_file()
+        for text in [path.read_text(encoding="utf-8", errors="replace")]
+        for m in markers.finditer(text)
+    ]
+    assert not found, f"merge conflict markers: {found}"
