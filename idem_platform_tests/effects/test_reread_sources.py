@@ -86,7 +86,7 @@ def first_commit(pg_url: str, kafka_effects: IdemConfig, spark: Any, kafka_broke
 
 @pytest.mark.kafka
 def test_a_kafka_range_read_again_after_an_offset_reset_owes_nothing(
-    pg_url: str, kafka_effects: IdemConfig, spark: Any, first_commit: list[dict[str, Any]]
+    pg_url: str, kafka_effects: IdemConfig, spark: Any, first_commit: list[dict[str, Any]], kafka_broker: Broker, topic: str
 ) -> None:
     with connect(pg_url, autocommit=True) as conn:  # rewound to offset 1 of each partition: a new range
         assert conn.execute("UPDATE idem.source_offsets SET next_offset = 1 WHERE connector = 'events'").rowcount == 2
@@ -102,6 +102,17 @@ def test_a_kafka_range_read_again_after_an_offset_reset_owes_nothing(
     # The range from offset 0 is in the ledger as committed: the run replays its result.
     assert reset["replayed"] is True and reset["rows_written"] == 0 and reset.get("effects_created", 0) == 0
     assert outbox(pg_url) == first_commit
+    # A message produced after the reset is read (the committed range is followed to its end),
+    # owes once, and the partitions' offsets are back where the topic ends.
+    fresh = {"type": "indicator", "id": "q5", "name": "late.example", "confidence": 97}
+    produce(kafka_broker.bootstrap, topic, [(1, b"k-late", json.dumps(fresh).encode(), None)])
+    later = ingest_kafka(pg_url, kafka_effects, spark, "events")
+    assert later["replayed"] is False and later["rows_written"] == 1  # the committed ranges: counted as skipped
+    assert later["effects_created"] == 1 and owed_ids(pg_url) == sorted([*QUALIFYING, "q5"])
+    offsets = dict(rows(pg_url, "SELECT partition, next_offset FROM idem.source_offsets WHERE connector = 'events'"))
+    assert offsets.get(1) == sum(1 for p, *_ in spread([json.dumps(r) for r in RECORDS], 2) if p == 1) + 1
+    again = ingest_kafka(pg_url, kafka_effects, spark, "events")
+    assert again["rows_written"] == 0 and len(outbox(pg_url)) == len(first_commit) + 1
 
 
 @pytest.mark.kafka

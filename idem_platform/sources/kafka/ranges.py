@@ -17,10 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from idem_platform.config import KafkaConnector
 from idem_platform.errors import ConfigError, OffsetGapError, TerminalError
-from idem_platform.ledger import Ledger
+from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.postgres.connection import connect
 from idem_platform.sources.kafka.client import (
     PartitionState,
@@ -195,6 +196,47 @@ def slices_of(connector: KafkaConnector, ranges: Sequence[OffsetRange]) -> list[
     return slices
 
 
+def _split_committed(
+    ledger: Ledger, ranges: Sequence[OffsetRange]
+) -> tuple[list[OffsetRange], list[tuple[OffsetRange, dict[str, Any]]]]:
+    """The ranges still to read, and the committed ones (replays) with their ledger results.
+
+    A range whose ledger key is committed is a replay. But a partition with no committed
+    offset (``idem.source_offsets`` rows removed, to read a topic again) plans from its
+    first offset to its end, while the commit that first read it may have ended earlier:
+    the key names the start only. Then the committed ranges are followed through the
+    ledger (each one's end is the next one's start) and what lies past the last one is
+    read: without this, such a partition replayed its first commit on every run and
+    never read a message produced after it.
+    """
+    entries = ledger.entries(sorted({r.key for r in ranges}))
+    pending: list[OffsetRange] = []
+    replayed: list[tuple[OffsetRange, dict[str, Any]]] = []
+    for piece in ranges:
+        entry: LedgerEntry | None = entries.get(piece.key)
+        while entry is not None and entry.status == "committed":
+            result = entry.result or {}
+            end = _committed_end(result, piece.key)
+            if piece.expected is not None or end is None or end <= piece.start or end >= piece.end:
+                replayed.append((piece, result))
+                break
+            replayed.append((OffsetRange(piece.topic, piece.partition, piece.start, end, None), result))
+            piece = OffsetRange(piece.topic, piece.partition, end, piece.end, None)
+            entry = ledger.entries([piece.key]).get(piece.key)
+        else:
+            pending.append(piece)
+    return pending, replayed
+
+
+def _committed_end(result: Mapping[str, Any], key: str) -> int | None:
+    """The end offset of the range ``key`` a commit's ledger result records, if it does."""
+    for name in ("sources", "files"):
+        for entry in result.get(name) or []:
+            if isinstance(entry, Mapping) and entry.get("key") == key and isinstance(entry.get("end"), int):
+                return int(entry["end"])
+    return None
+
+
 def plan_kafka(url: str, connector: KafkaConnector, requests: Sequence[RangeRequest] | None = None) -> SourceBatch:
     """The batch of ``connector``: its lagging partitions' ranges, or the ``requests`` given.
 
@@ -216,19 +258,11 @@ def plan_kafka(url: str, connector: KafkaConnector, requests: Sequence[RangeRequ
         # Units in (topic, partition) order, however they were asked for: the order a commit
         # reads its ranges in is the order of their versions in an upsert table without order_by.
         ranges = sorted(ranges, key=lambda r: (r.topic, r.partition, r.start))
-        entries = Ledger(conn, connector.name).entries(sorted({r.key for r in ranges}))
+        pending, replayed_ranges = _split_committed(Ledger(conn, connector.name), ranges)
     missing = view.missing_note()
     notes = gap_notes(ranges) + ([missing] if missing else [])
-    pending: list[OffsetRange] = []
-    replayed: list[Unit] = []
-    priors = {}
-    for piece in ranges:
-        entry = entries.get(piece.key)
-        if entry is not None and entry.status == "committed":
-            replayed.append(range_unit(connector, piece))
-            priors[piece.key] = entry.result or {}
-        else:
-            pending.append(piece)
+    replayed = [range_unit(connector, piece) for piece, _ in replayed_ranges]
+    priors = {piece.key: result for piece, result in replayed_ranges}
     stale = [r for r in pending if r.expected is not None and r.expected != committed.get((r.topic, r.partition))]
     if stale:
         notes.append(
