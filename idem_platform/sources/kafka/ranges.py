@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+
 from idem_platform.config import KafkaConnector
 from idem_platform.errors import ConfigError, OffsetGapError, TerminalError
 from idem_platform.ledger import Ledger, LedgerEntry
 from idem_platform.postgres.connection import connect
+from idem_platform.postgres.schema import SCHEMA
 from idem_platform.sources.kafka.client import (
     PartitionState,
     describe_partitions,
@@ -197,7 +200,7 @@ def slices_of(connector: KafkaConnector, ranges: Sequence[OffsetRange]) -> list[
 
 
 def _split_committed(
-    ledger: Ledger, ranges: Sequence[OffsetRange]
+    ledger: Ledger, connector: str, ranges: Sequence[OffsetRange]
 ) -> tuple[list[OffsetRange], list[tuple[OffsetRange, dict[str, Any]]]]:
     """The ranges still to read, and the committed ones (replays) with their ledger results.
 
@@ -207,7 +210,8 @@ def _split_committed(
     the key names the start only. Then the committed ranges are followed through the
     ledger (each one's end is the next one's start) and what lies past the last one is
     read: without this, such a partition replayed its first commit on every run and
-    never read a message produced after it.
+    never read a message produced after it. A partition whose committed ranges reach its
+    end gets its offset back (:func:`_restore_offset`).
     """
     entries = ledger.entries(sorted({r.key for r in ranges}))
     pending: list[OffsetRange] = []
@@ -219,6 +223,8 @@ def _split_committed(
             end = _committed_end(result, piece.key)
             if piece.expected is not None or end is None or end <= piece.start or end >= piece.end:
                 replayed.append((piece, result))
+                if piece.expected is None and end is not None and end >= piece.end:
+                    _restore_offset(ledger.conn, connector, piece, end, result)
                 break
             replayed.append((OffsetRange(piece.topic, piece.partition, piece.start, end, None), result))
             piece = OffsetRange(piece.topic, piece.partition, end, piece.end, None)
@@ -226,6 +232,24 @@ def _split_committed(
         else:
             pending.append(piece)
     return pending, replayed
+
+
+def _restore_offset(conn: psycopg.Connection, connector: str, piece: OffsetRange, end: int, result: Mapping[str, Any]) -> None:
+    """Write back the offset a partition without one had when its last committed range ended.
+
+    The ledger's committed range says where the commit that read it left the partition
+    (``end``, by commit ``result["commit_id"]``): the row that was removed. Without it, the
+    partition would stay a replay, planned from its first offset, until its next message.
+    ``ON CONFLICT DO NOTHING``: a run that commits the partition meanwhile wins.
+    """
+    commit_id = result.get("commit_id")
+    if not isinstance(commit_id, str):
+        return
+    conn.execute(
+        f"INSERT INTO {SCHEMA}.source_offsets (connector, topic, partition, next_offset, commit_id) "
+        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (connector, topic, partition) DO NOTHING",
+        [connector, piece.topic, piece.partition, end, commit_id],
+    )
 
 
 def _committed_end(result: Mapping[str, Any], key: str) -> int | None:
@@ -258,7 +282,7 @@ def plan_kafka(url: str, connector: KafkaConnector, requests: Sequence[RangeRequ
         # Units in (topic, partition) order, however they were asked for: the order a commit
         # reads its ranges in is the order of their versions in an upsert table without order_by.
         ranges = sorted(ranges, key=lambda r: (r.topic, r.partition, r.start))
-        pending, replayed_ranges = _split_committed(Ledger(conn, connector.name), ranges)
+        pending, replayed_ranges = _split_committed(Ledger(conn, connector.name), connector.name, ranges)
     missing = view.missing_note()
     notes = gap_notes(ranges) + ([missing] if missing else [])
     replayed = [range_unit(connector, piece) for piece, _ in replayed_ranges]
