@@ -143,9 +143,10 @@ _ScanLines = Callable[[list[Any], ScanPlan, LineFacts], None]
 _WriteDirect = Callable[[DirectWrite], None]
 _CanonicalLine = Callable[[bytes, frozenset[str]], tuple[dict[str, Any], bytes, str] | None]
 _Columns = Callable[[list[dict[str, Any]], tuple[str, ...]], list[list[Any]]]
+_Gather = Callable[[bytes | bytearray, list[int], list[int]], bytes]
 
 
-def _load() -> tuple[_ScanLines | None, _WriteDirect | None, _CanonicalLine | None, _Columns | None]:
+def _load() -> tuple[_ScanLines | None, _WriteDirect | None, _CanonicalLine | None, _Columns | None, _Gather | None]:
     """The extension's entry points, or ``None`` each when it is not built.
 
     A function rather than a module-level ``try`` so each name has one type
@@ -154,11 +155,11 @@ def _load() -> tuple[_ScanLines | None, _WriteDirect | None, _CanonicalLine | No
     try:
         from idem_platform.coercion import _native
     except ImportError:  # no compiler at install time: the Python path alone
-        return None, None, None, None
-    return _native.scan_lines, _native.write_direct, _native.canonical_line, _native.columns
+        return None, None, None, None, None
+    return _native.scan_lines, _native.write_direct, _native.canonical_line, _native.columns, _native.gather
 
 
-_scan_lines, _write_direct, canonical_line, _columns = _load()
+_scan_lines, _write_direct, canonical_line, _columns, _gather = _load()
 
 AVAILABLE = _scan_lines is not None
 
@@ -190,3 +191,17 @@ def columns(records: list[dict[str, Any]], names: tuple[str, ...]) -> list[list[
     if _columns is not None:
         return _columns(records, names)
     return [list(map(dict.get, records, repeat(name))) for name in names]
+
+
+def gather(data: bytes | bytearray, ends: list[int], order: list[int]) -> bytes:
+    """The pieces of ``data`` that ``order`` names (0-based), one after another; piece ``i``
+    is ``data[ends[i - 1]:ends[i]]`` (from 0 for ``i == 0``).
+
+    In C when enabled: one copy per piece. The Python join below makes a memoryview per
+    piece, about 2 µs a staged row on the shared benchmark's rows, a fifth of the
+    executors' per-record CPU.
+    """
+    if _gather is not None and enabled():
+        return _gather(data, ends, order)
+    view = memoryview(data)
+    return b"".join(view[(ends[i - 1] if i else 0) : ends[i]] for i in order)

@@ -43,7 +43,6 @@ from pyspark import TaskContext
 from idem_platform.coercion.records import DirectRows, RepeatedLines, coerce_batch
 from idem_platform.errors import TransientError
 from idem_platform.faults import checkpoint
-from idem_platform.spark.remote import lost_server
 from idem_platform.spark.slots import is_remote, task_slots
 from idem_platform.write.apply.attempts import StagedAttempt
 from idem_platform.write.plan import CommitPlan
@@ -201,6 +200,10 @@ class StagingJobs:
         try:
             ((payload,),) = spark.range(index, index + 1, 1, 1).mapInArrow(body, "message binary").collect()
         except Exception as exc:
+            # Late import: the executors' Python workers import this module, and the Connect
+            # client's retry policy pulls in pandas through pyspark.testing (~0.4 s a worker).
+            from idem_platform.spark.remote import lost_server
+
             reason = lost_server(exc)
             if reason is None:
                 raise

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from idem_platform.coercion import native
 from idem_platform.coercion.records import DirectRows
 from idem_platform.contract.catalog import Column, TableSpec
 from idem_platform.errors import TerminalError, TransientError
@@ -364,9 +365,8 @@ def in_key_order(data: bytes | bytearray, ends: Sequence[int], keys: Sequence[st
     executors. Nothing reads meaning into the staged order (the apply's ``DISTINCT
     ON`` names its own order).
     """
-    view = memoryview(data)
-    order = sorted((i for i in range(len(ends)) if i + 1 not in held), key=keys.__getitem__)
-    return b"".join(view[(ends[i - 1] if i else 0) : ends[i]] for i in order), len(order)
+    order = sorted((i for i in range(len(ends)) if i + 1 not in held) if held else range(len(ends)), key=keys.__getitem__)
+    return native.gather(data, list(ends), order), len(order)
 
 
 def staged_column_names(spec: TableSpec) -> list[str]:
