@@ -14,6 +14,7 @@ import pytest
 from idem_platform.cli import main
 from idem_platform.cli.common import SUMMARY_KEYS
 from idem_platform.config import IdemConfig
+from idem_platform.defs import inprocess
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.cli import run
@@ -52,10 +53,32 @@ def test_multiple_files_commit_together(env: IdemConfig, spark: Any, capsys: pyt
     assert directory is not None
     a = write_lines(directory / "a.ndjson", ['{"type":"malware","id":"a","name":"x"}'])
     b = write_lines(directory / "b.ndjson", ['{"type":"malware","id":"b","name":"y"}'])
+    before = inprocess._ingest_job.cache_info()
     code, lines, err = run(capsys, "ingest", "--connector", "threatfeed", str(a), str(b))
     assert code == 0, err
     summary = json.loads(lines[0])
     assert summary["rows_written"] == 2 and len(summary["files"]) == 2
+    # Dagster resolved the run's job several times; its definitions were built once.
+    built = inprocess._ingest_job.cache_info()
+    assert built.misses - before.misses == 1 and built.hits > before.hits
+
+
+def test_each_run_builds_its_job_from_the_config_as_it_is_then(
+    env: IdemConfig, spark: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config's ``${VAR}`` read again by the next run of the same process: no job built for
+    an earlier run is reused."""
+    assert env.source is not None and env.connector("threatfeed").path is not None
+    text = env.source.read_text(encoding="utf-8")
+    env.source.write_text(text.replace("max_reject_ratio: 1.0", "max_reject_ratio: ${IDEM_TEST_RATIO}"), encoding="utf-8")
+    path = write_lines(env.connector("threatfeed").path / "ratio.ndjson", ['{"type":"malware","id":"r","name":"x"}', "{bad"])
+    monkeypatch.setenv("IDEM_TEST_RATIO", "0.1")
+    code, _, err = run(capsys, "ingest", "--connector", "threatfeed", str(path))
+    assert code != 0 and "1 of 2" in err, err  # over the ratio: nothing committed
+    monkeypatch.setenv("IDEM_TEST_RATIO", "1.0")
+    code, lines, err = run(capsys, "ingest", "--connector", "threatfeed", str(path))
+    assert code == 0, err
+    assert (json.loads(lines[0])["rows_written"], json.loads(lines[0])["rows_rejected"]) == (1, 1)
 
 
 RUNS_OF_JOB = """
