@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from psycopg import sql
 
+from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
+from idem_platform.postgres.tables import sync_tables
+from idem_platform_tests.helpers.config import write_config
 
 
 def reset_database(url: str) -> None:
@@ -33,3 +37,14 @@ def rows(url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
     """Every row ``query`` returns (a fresh connection: what another client would see)."""
     with connect(url) as conn:
         return conn.execute(query, list(params)).fetchall()
+
+
+def fresh_config(directory: Path, url: str, text: str | None = None) -> IdemConfig:
+    """``text`` (default: the example's file drop) as ``directory``'s idem.yaml, on an emptied
+    database with its tables synced: where each test of the write path starts, so that no
+    test sees another's rows or tables."""
+    reset_database(url)
+    config = write_config(directory, text)
+    with connect(url, autocommit=True) as conn:
+        sync_tables(conn, config.table_specs)
+    return config
