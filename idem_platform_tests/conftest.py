@@ -36,6 +36,8 @@ from idem_platform_tests.helpers.config import write_config
 from idem_platform_tests.helpers.database import reset_database
 
 if TYPE_CHECKING:
+    import dagster as dg
+
     from idem_platform_tests.helpers.kafka_broker import Broker
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -119,6 +121,16 @@ def threatfeed(tmp_path: Path, pg_url: str) -> IdemConfig:
     with connect(pg_url, autocommit=True) as conn:
         sync_tables(conn, config.table_specs)
     return config
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    """An ephemeral Dagster instance for one test (its own runs, partitions and cursors); a
+    module that needs the deployed instance defines its own ``instance``."""
+    import dagster as dg
+
+    with dg.instance_for_test() as instance:
+        yield instance
 
 
 @pytest.fixture
