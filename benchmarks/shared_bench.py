@@ -70,7 +70,9 @@ from benchmarks.harness import (  # noqa: E402
     masked_url,
     peer_bench_home,
     quiet_server,
+    results_path,
     server_facts,
+    server_record,
     shared_bench_dir,
     stop_spark_server,
 )
@@ -497,7 +499,7 @@ def report(
         "benchmark": "shared_bench",
         "args": vars(args),
         "machine": machine,
-        "server": {"url": masked_url(server.url), "via": server.via, "started_here": server.started, **inputs.facts},
+        "server": server_record(server, inputs.facts),
         "data": shape,
         "stix": None if args.skip_small else inputs.small.stix_shape,
         "spark_server": args.spark_server,
@@ -515,10 +517,8 @@ def main() -> int:
     if the setup failed, 1 if a run failed or a phase did not do what it must."""
     args = parse_args()
     exit_on_sigterm()
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir, out_path = results_path(args.workdir, args.out)
     home = peer_bench_home()
-    out_path = Path(args.out) if args.out else workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
     machine = machine_facts()  # before the run: its load average is the machine's, not ours
     try:
         inputs, results, loads = measure(args, workdir, home)
