@@ -415,12 +415,17 @@ def server_record(server: BenchServer, facts: dict[str, Any]) -> dict[str, Any]:
     return {"url": masked_url(server.url), "via": server.via, "started_here": server.started, **facts}
 
 
-def results_path(workdir: str, out: str | None) -> tuple[Path, Path]:
-    """The benchmark's work directory (made) and where its results JSON goes: ``--out``, else
-    ``<workdir>/results-<time>.json``, so that no run overwrites an earlier one's."""
+def begin_run(workdir: str, out: str | None) -> tuple[Path, Path, dict[str, Any]]:
+    """What a benchmark does before anything else: SIGTERM made an exit that runs its cleanups
+    (:func:`exit_on_sigterm`); its work directory (made); where its results JSON goes
+    (``--out``, else ``<workdir>/results-<time>.json``, so that no run overwrites an earlier
+    one's); and the :func:`machine_facts`, read first so that their load average is the
+    machine's, not the benchmark's."""
+    exit_on_sigterm()
     directory = Path(workdir).resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    return directory, Path(out) if out else directory / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out_path = Path(out) if out else directory / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    return directory, out_path, machine_facts()
 
 
 def masked_url(url: str) -> str:

@@ -73,15 +73,13 @@ from psycopg import sql  # noqa: E402
 
 from benchmarks.harness import (  # noqa: E402
     SetupError,
+    begin_run,
     checkpoint,
     environment,
-    exit_on_sigterm,
     fresh_database,
     idem_home_for,
-    machine_facts,
     masked_url,
     peer_bench_home,
-    results_path,
     server_record,
     shared_bench_dir,
     spark_on_bench_server,
@@ -877,9 +875,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    exit_on_sigterm()
-    workdir, out_path = results_path(args.workdir, args.out)
-    machine = machine_facts()
+    workdir, out_path, machine = begin_run(args.workdir, args.out)
     home = workdir / "dagster_home"
     try:
         shared = shared_bench_dir(args.shared)

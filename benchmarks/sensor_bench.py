@@ -59,12 +59,10 @@ from benchmarks.harness import (  # noqa: E402
     REPO,
     TABLES,
     SetupError,
+    begin_run,
     bench_server,
-    exit_on_sigterm,
     fresh_database,
-    machine_facts,
     masked_url,
-    results_path,
     server_facts,
     server_record,
 )
@@ -426,10 +424,8 @@ def main() -> int:
     parser.add_argument("--workdir", default=str(HERE / "data" / "sensor"))
     parser.add_argument("--out", help="results as JSON (default: <workdir>/results-<time>.json)")
     args = parser.parse_args()
-    exit_on_sigterm()
-    workdir, out_path = results_path(args.workdir, args.out)
+    workdir, out_path, machine = begin_run(args.workdir, args.out)
     interval = args.interval or DEFAULT_INTERVAL
-    machine = machine_facts()
     total = args.files * args.lines
     sensors = [f"{name}_filedrop_sensor" for name in (MANY, ONE)]
     cases: list[Case] = []

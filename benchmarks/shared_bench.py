@@ -62,15 +62,13 @@ from benchmarks import stix_gen  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     BenchServer,
     SetupError,
+    begin_run,
     bench_server,
     environment,
-    exit_on_sigterm,
     fresh_database,
-    machine_facts,
     masked_url,
     peer_bench_home,
     quiet_server,
-    results_path,
     server_facts,
     server_record,
     shared_bench_dir,
@@ -516,10 +514,8 @@ def main() -> int:
     """Measure (on a server and with inputs made here when missing), then report: exit status 2
     if the setup failed, 1 if a run failed or a phase did not do what it must."""
     args = parse_args()
-    exit_on_sigterm()
-    workdir, out_path = results_path(args.workdir, args.out)
+    workdir, out_path, machine = begin_run(args.workdir, args.out)
     home = peer_bench_home()
-    machine = machine_facts()  # before the run: its load average is the machine's, not ours
     try:
         inputs, results, loads = measure(args, workdir, home)
     except SetupError as exc:

@@ -56,15 +56,13 @@ import yaml  # noqa: E402
 
 from benchmarks.harness import (  # noqa: E402
     SetupError,
+    begin_run,
     checkpoint,
     environment,
-    exit_on_sigterm,
     fresh_database,
-    machine_facts,
     masked_url,
     peer_bench_home,
     quiet_server,
-    results_path,
     run_idem,
     server_record,
     spark_on_bench_server,
@@ -437,9 +435,7 @@ def main() -> int:
     parser.add_argument("--workdir", default=str(HERE / "data" / "upsert"))
     parser.add_argument("--out", help="results as JSON (default: <workdir>/results-<time>.json)")
     args = parser.parse_args()
-    exit_on_sigterm()
-    workdir, out_path = results_path(args.workdir, args.out)
-    machine = machine_facts()
+    workdir, out_path, machine = begin_run(args.workdir, args.out)
     paths = write_events(workdir, args.records, 10)
     one_line = workdir / "one.ndjson"
     one_line.write_bytes(paths[0].read_bytes().split(b"\n", 1)[0] + b"\n")
