@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.config import example_text, write_config
 from idem_platform_tests.helpers.database import reset_database
 from idem_platform_tests.helpers.paths import EXAMPLE_CONFIG, REPO
+from idem_platform_tests.helpers.sensors import run_file_partition
 
 GOOD = [
     '{"type":"indicator","id":"i1","name":"a","confidence":1,"embedding":[1,2,3,4,5,6,7,8]}',
@@ -31,24 +31,8 @@ GOOD = [
 ]
 
 
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
 def run_partition(config: IdemConfig, pg_url: str, instance: dg.DagsterInstance, path: Path) -> dg.ExecuteInProcessResult:
-    defs = build_definitions(config, postgres_url=pg_url)
-    connector = config.connector("threatfeed")
-    job = defs.resolve_job_def("threatfeed_ingest")
-    key = partition_key_for(connector, path)
-    instance.add_dynamic_partitions(partitions_for(connector).name or "", [key])
-    return job.execute_in_process(
-        instance=instance,
-        partition_key=key,
-        run_config={"ops": {"threatfeed__ingest": {"config": {"files": [str(path)]}}}},
-        raise_on_error=False,
-    )
+    return run_file_partition(build_definitions(config, postgres_url=pg_url), instance, config, path, raise_on_error=False)
 
 
 def committed_metadata(result: dg.ExecuteInProcessResult) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -20,12 +19,6 @@ from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop import file_unit
 from idem_platform.sources.filedrop.files import hash_file
 from idem_platform_tests.helpers.sensors import SensorTicker
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 @pytest.fixture

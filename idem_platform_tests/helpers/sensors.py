@@ -64,9 +64,11 @@ def run_file_partition(
     """Run the ``threatfeed`` connector's job on the partition of the dropped file ``path``, as
     the file-drop sensor's run would (its partition added first, the file named in the run
     config), without ticking the sensor; ``options`` go to ``execute_in_process``."""
+    from idem_platform.config.connectors import FileDropConnector
     from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
 
     connector = config.connector("threatfeed")
+    assert isinstance(connector, FileDropConnector)
     key = partition_key_for(connector, path)
     instance.add_dynamic_partitions(partitions_for(connector).name or "", [key])
     return defs.resolve_job_def("threatfeed_ingest").execute_in_process(

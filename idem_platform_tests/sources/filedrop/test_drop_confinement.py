@@ -9,7 +9,6 @@ daemon launch them.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,6 @@ from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 
 RECORD = '{"type":"malware","id":"m1","name":"x"}'
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 def drop_dir(config: IdemConfig) -> Path:
