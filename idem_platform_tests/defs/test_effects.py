@@ -16,8 +16,8 @@ from idem_platform.defs.resources import POSTGRES_KEY, PostgresResource
 from idem_platform.defs.tables import table_key
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.effects import alert, effects_config, outbox
+from idem_platform_tests.helpers.filedrop import drop_dir, run_file_partition
 from idem_platform_tests.helpers.receiver import Reply, receiving
-from idem_platform_tests.helpers.sensors import run_file_partition
 
 INDICATOR = table_key("indicator")
 LINES = [
@@ -38,9 +38,7 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, pg_url: str) -> dg.
 
 def ingest(config: IdemConfig, defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     """Drop a file and run the connector's job on its partition, as the file-drop sensor's run would."""
-    connector = config.connector("threatfeed")
-    assert connector.path is not None
-    result = run_file_partition(defs, instance, config, write_lines(connector.path / "today.ndjson", LINES))
+    result = run_file_partition(defs, instance, config, write_lines(drop_dir(config) / "today.ndjson", LINES))
     assert result.success
     return result
 

@@ -23,8 +23,8 @@ from idem_platform.errors import ConfigError
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.config import example_text
 from idem_platform_tests.helpers.effects import alert, effects_config
+from idem_platform_tests.helpers.filedrop import drop_dir, run_file_partition
 from idem_platform_tests.helpers.receiver import Reply, receiving
-from idem_platform_tests.helpers.sensors import run_file_partition
 
 RESULTS = table_key("indicator_enrichment")
 LINES = [
@@ -99,9 +99,7 @@ def test_a_delivery_materializes_the_results_table_and_a_user_asset_reads_it(
         before = read_with(verdicts)  # no dispatcher ran yet: the table does not exist, the frame is empty
         assert before.success and received["rows"] == []
 
-        connector = config.connector("threatfeed")
-        assert connector.path is not None
-        ingest = run_file_partition(defs, instance, config, write_lines(connector.path / "today.ndjson", LINES))
+        ingest = run_file_partition(defs, instance, config, write_lines(drop_dir(config) / "today.ndjson", LINES))
         assert ingest.success
         delivered = defs.resolve_job_def(JOB_NAME).execute_in_process(instance=instance)
     assert delivered.success

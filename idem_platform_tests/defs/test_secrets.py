@@ -27,8 +27,8 @@ from idem_platform.defs.filedrop.partitions import partitions_for
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.cli import cli_env, idem_command
+from idem_platform_tests.helpers.filedrop import drop_dir, run_file_partition
 from idem_platform_tests.helpers.kafka import kafka_config
-from idem_platform_tests.helpers.sensors import run_file_partition
 
 ROLE = "idem_secret_test"
 PASSWORD = "s3cr3t-pw"
@@ -144,9 +144,7 @@ def test_a_dagster_run_shows_the_password_nowhere(
     monkeypatch: pytest.MonkeyPatch, explicit: bool,
 ) -> None:
     """An explicit URL was a config default: stored in the job snapshot, shown in the Launchpad."""
-    connector = threatfeed.connector("threatfeed")
-    assert connector.path is not None
-    path = write_lines(connector.path / "d.ndjson", RECORDS)
+    path = write_lines(drop_dir(threatfeed) / "d.ndjson", RECORDS)
     if explicit:
         monkeypatch.delenv("IDEM_POSTGRES_URL", raising=False)
         defs = build_definitions(threatfeed, postgres_url=secret_url)

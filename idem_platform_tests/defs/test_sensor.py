@@ -18,6 +18,7 @@ from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop import file_unit
 from idem_platform.sources.filedrop.files import hash_file
+from idem_platform_tests.helpers.filedrop import drop_dir
 from idem_platform_tests.helpers.sensors import SensorTicker
 
 
@@ -28,13 +29,6 @@ def ticker(threatfeed: IdemConfig, instance: dg.DagsterInstance, pg_url: str) ->
 
 def skip_message(result: dg.SensorResult) -> str:
     return (result.skip_reason.skip_message or "") if result.skip_reason else ""
-
-
-def drop_dir(config: IdemConfig) -> Path:
-    path = config.connector("threatfeed").path
-    assert path is not None
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def record_ledger(

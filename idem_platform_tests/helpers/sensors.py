@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from idem_platform.config import IdemConfig
 
@@ -57,23 +56,3 @@ class SensorTicker:
             raise_on_error=False,
         )
 
-
-def run_file_partition(
-    defs: dg.Definitions, instance: dg.DagsterInstance, config: IdemConfig, path: Path, **options: Any
-) -> dg.ExecuteInProcessResult:
-    """Run the ``threatfeed`` connector's job on the partition of the dropped file ``path``, as
-    the file-drop sensor's run would (its partition added first, the file named in the run
-    config), without ticking the sensor; ``options`` go to ``execute_in_process``."""
-    from idem_platform.config.connectors import FileDropConnector
-    from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
-
-    connector = config.connector("threatfeed")
-    assert isinstance(connector, FileDropConnector)
-    key = partition_key_for(connector, path)
-    instance.add_dynamic_partitions(partitions_for(connector).name or "", [key])
-    return defs.resolve_job_def("threatfeed_ingest").execute_in_process(
-        instance=instance,
-        partition_key=key,
-        run_config={"ops": {"threatfeed__ingest": {"config": {"files": [str(path)]}}}},
-        **options,
-    )
