@@ -25,6 +25,7 @@ from idem_platform.read.render import lines_in_process
 from idem_platform_tests.helpers.config import write_config
 from idem_platform_tests.helpers.database import fresh_config, reset_database, rows
 from idem_platform_tests.helpers.ingest import ingest_records
+from idem_platform_tests.helpers.threads import at_once
 from idem_platform_tests.helpers.upsert import UPSERT
 
 
@@ -309,8 +310,6 @@ def test_any_split_order_and_replay_gives_the_fold_of_the_history(
 
 
 def test_two_commits_at_once_into_one_current_state_give_the_fold(pg_url: str, tmp_path: Path, spark: Any) -> None:
-    import threading
-
     from idem_platform.pipeline import commit as run
     from idem_platform.pipeline import ingest as pipeline
     from idem_platform.samples import write_lines
@@ -324,21 +323,13 @@ def test_two_commits_at_once_into_one_current_state_give_the_fold(pg_url: str, t
     }
     paths = [write_lines(connector.path / name, [json.dumps(r) for r in records]) for name, records in files.items()]
     tables = pipeline.current_tables(pg_url, config, connector)
-    failures: list[BaseException] = []
 
     def commit(path: Path) -> None:
-        try:
-            batch = pipeline.plan_batch(pg_url, connector, [path])
-            request = run.CommitRequest(url=pg_url, connector=connector, run_id=path.name)
-            run.commit_batch(request, pipeline.CoercedBatch(batch, connector, tables), lambda: spark)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
+        batch = pipeline.plan_batch(pg_url, connector, [path])
+        request = run.CommitRequest(url=pg_url, connector=connector, run_id=path.name)
+        run.commit_batch(request, pipeline.CoercedBatch(batch, connector, tables), lambda: spark)
 
-    threads = [threading.Thread(target=commit, args=(path,)) for path in paths]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    failures = at_once(commit, paths)
     assert not failures, failures
     assert current(pg_url) == folded([r for records in files.values() for r in records])
 
