@@ -55,4 +55,3 @@ class SensorTicker:
             partition_key=request.partition_key,
             raise_on_error=False,
         )
-
