@@ -392,6 +392,42 @@ def bench_server(postgres: str | None, shared: str | None) -> Iterator[BenchServ
             subprocess.run([str(pg_up), "stop"], capture_output=True, text=True, timeout=120)
 
 
+@contextmanager
+def spark_on_bench_server(postgres: str | None, shared: str | None, home: Path) -> Iterator[tuple[BenchServer, dict[str, Any]]]:
+    """:func:`bench_server` with its :func:`server_facts` (read before any run, for the
+    results), and on the way out the Spark Connect server a run under ``home`` may have
+    started (:func:`start_spark_server_for`) stopped before the PostgreSQL server is: the
+    frame every benchmark that runs ``idem ingest`` on the shared server's runs in.
+
+    Raises:
+        SetupError: as :func:`bench_server`.
+    """
+    with bench_server(postgres, shared) as server:
+        try:
+            yield server, server_facts(server.url)
+        finally:
+            stop_spark_server(home)
+
+
+def server_record(server: BenchServer, facts: dict[str, Any]) -> dict[str, Any]:
+    """The server as the results JSON names it: its URL with the password hidden, how it was
+    found, whether this run started it, and its :func:`server_facts`."""
+    return {"url": masked_url(server.url), "via": server.via, "started_here": server.started, **facts}
+
+
+def begin_run(workdir: str, out: str | None) -> tuple[Path, Path, dict[str, Any]]:
+    """What a benchmark does before anything else: SIGTERM made an exit that runs its cleanups
+    (:func:`exit_on_sigterm`); its work directory (made); where its results JSON goes
+    (``--out``, else ``<workdir>/results-<time>.json``, so that no run overwrites an earlier
+    one's); and the :func:`machine_facts`, read first so that their load average is the
+    machine's, not the benchmark's."""
+    exit_on_sigterm()
+    directory = Path(workdir).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    out_path = Path(out) if out else directory / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    return directory, out_path, machine_facts()
+
+
 def masked_url(url: str) -> str:
     """``url`` with its password hidden, for printed and saved results."""
     from idem_platform.redact import masked

@@ -73,19 +73,17 @@ from psycopg import sql  # noqa: E402
 
 from benchmarks.harness import (  # noqa: E402
     SetupError,
-    bench_server,
+    begin_run,
     checkpoint,
     environment,
-    exit_on_sigterm,
     fresh_database,
     idem_home_for,
-    machine_facts,
     masked_url,
     peer_bench_home,
-    server_facts,
+    server_record,
     shared_bench_dir,
+    spark_on_bench_server,
     start_spark_server_for,
-    stop_spark_server,
 )
 from benchmarks.shared_bench import config_for_peer_data, data_shape, peer_python  # noqa: E402
 from benchmarks.small_bench import drop_database  # noqa: E402
@@ -877,17 +875,11 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    exit_on_sigterm()
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    out_path = (
-        Path(args.out) if args.out else workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    )
-    machine = machine_facts()
+    workdir, out_path, machine = begin_run(args.workdir, args.out)
     home = workdir / "dagster_home"
     try:
         shared = shared_bench_dir(args.shared)
-        with bench_server(args.postgres, args.shared) as server:
+        with spark_on_bench_server(args.postgres, args.shared, home) as (server, facts):
             shape = data_shape(shared_data(shared, args.records))
             files = [
                 Path(shape["directory"]) / name
@@ -895,20 +887,16 @@ def main() -> int:
                 if name.endswith(".ndjson")
             ]
             config = config_for_peer_data(workdir)
-            facts = server_facts(server.url)
             print(
                 f"server: {masked_url(server.url)} ({server.via}; PostgreSQL {facts['server_version']}), machine: "
                 f"{machine['cpus']} CPUs, load {machine['load_average']}\ndata: {shape['files']} files, "
                 f"{shape['bytes']:,} bytes, {shape['records']:,} records ({shape['unique_records']:,} unique)",
                 flush=True,
             )
-            try:
-                cases = [
-                    measure_case(case, server.url, config, files, home, args, shape)
-                    for case in args.cases
-                ]
-            finally:
-                stop_spark_server(home)
+            cases = [
+                measure_case(case, server.url, config, files, home, args, shape)
+                for case in args.cases
+            ]
     except SetupError as exc:
         print(f"phases_bench: {exc}", file=sys.stderr)
         return 2
@@ -922,7 +910,7 @@ def main() -> int:
                 "benchmark": "phases_bench",
                 "args": vars(args),
                 "machine": machine,
-                "server": {"url": masked_url(server.url), "via": server.via, **facts},
+                "server": server_record(server, facts),
                 "data": shape,
                 "groups": GROUPS,
                 "cases": cases,

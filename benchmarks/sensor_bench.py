@@ -59,12 +59,12 @@ from benchmarks.harness import (  # noqa: E402
     REPO,
     TABLES,
     SetupError,
+    begin_run,
     bench_server,
-    exit_on_sigterm,
     fresh_database,
-    machine_facts,
     masked_url,
     server_facts,
+    server_record,
 )
 from benchmarks.small_bench import drop_database  # noqa: E402
 from idem_platform.config import FileDropConnector  # noqa: E402
@@ -424,12 +424,8 @@ def main() -> int:
     parser.add_argument("--workdir", default=str(HERE / "data" / "sensor"))
     parser.add_argument("--out", help="results as JSON (default: <workdir>/results-<time>.json)")
     args = parser.parse_args()
-    exit_on_sigterm()
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    out_path = Path(args.out) if args.out else workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    workdir, out_path, machine = begin_run(args.workdir, args.out)
     interval = args.interval or DEFAULT_INTERVAL
-    machine = machine_facts()
     total = args.files * args.lines
     sensors = [f"{name}_filedrop_sensor" for name in (MANY, ONE)]
     cases: list[Case] = []
@@ -478,7 +474,7 @@ def main() -> int:
         "benchmark": "sensor_bench",
         "args": vars(args),
         "machine": machine,
-        "server": {"url": masked_url(server.url), "via": server.via, "started_here": server.started, **facts},
+        "server": server_record(server, facts),
         "sensor_interval_s": interval,
         "settle_implied_s": [interval, 2 * interval],
         "bytes": staged["bytes"],

@@ -64,15 +64,15 @@ from benchmarks import stix_gen  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     BenchServer,
     SetupError,
+    begin_run,
     bench_server,
     environment,
-    exit_on_sigterm,
     fresh_database,
-    machine_facts,
     masked_url,
     peer_bench_home,
     quiet_server,
     server_facts,
+    server_record,
     shared_bench_dir,
     stop_spark_server,
 )
@@ -512,7 +512,7 @@ def report(
         "benchmark": "shared_bench",
         "args": vars(args),
         "machine": machine,
-        "server": {"url": masked_url(server.url), "via": server.via, "started_here": server.started, **inputs.facts},
+        "server": server_record(server, inputs.facts),
         "data": shape,
         "stix": None if args.skip_small else inputs.small.stix_shape,
         "spark_server": args.spark_server,
@@ -529,12 +529,8 @@ def main() -> int:
     """Measure (on a server and with inputs made here when missing), then report: exit status 2
     if the setup failed, 1 if a run failed or a phase did not do what it must."""
     args = parse_args()
-    exit_on_sigterm()
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir, out_path, machine = begin_run(args.workdir, args.out)
     home = peer_bench_home()
-    out_path = Path(args.out) if args.out else workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    machine = machine_facts()  # before the run: its load average is the machine's, not ours
     try:
         inputs, results, loads = measure(args, workdir, home)
     except SetupError as exc:

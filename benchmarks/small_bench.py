@@ -38,7 +38,6 @@ from benchmarks import stix_gen  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     CONFIG,
     SetupError,
-    bench_server,
     checkpoint,
     environment,
     exit_on_sigterm,
@@ -46,9 +45,9 @@ from benchmarks.harness import (  # noqa: E402
     machine_facts,
     masked_url,
     run_idem,
-    server_facts,
+    server_record,
+    spark_on_bench_server,
     start_spark_server_for,
-    stop_spark_server,
 )
 from idem_platform.samples import threatfeed_lines, write_lines  # noqa: E402
 
@@ -243,19 +242,15 @@ def main() -> int:
     workdir = Path(args.workdir).resolve()
     try:
         data = prepare_small(workdir, args.stix_count)
-        with bench_server(args.postgres, args.shared) as server:
+        home = workdir / "dagster_home"
+        with spark_on_bench_server(args.postgres, args.shared, home) as (server, facts):
             print(f"server: {masked_url(server.url)} ({server.via}{', started here' if server.started else ''})", flush=True)
-            facts = server_facts(server.url)
-            home = workdir / "dagster_home"
             print(f"Spark: {args.master}, {'a long-lived Spark Connect server' if args.spark_server == 'auto' else 'a JVM per run'}", flush=True)
-            try:
-                results: list[Timed] = start_spark_server(server.url, data, args.master, home, args.spark_server)
-                for round_ in range(1, args.rounds + 1):
-                    done = run_small(server.url, data, args.master, home, round_, spark_server=args.spark_server)
-                    results += done
-                    print(f"round {round_}: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
-            finally:
-                stop_spark_server(home)
+            results: list[Timed] = start_spark_server(server.url, data, args.master, home, args.spark_server)
+            for round_ in range(1, args.rounds + 1):
+                done = run_small(server.url, data, args.master, home, round_, spark_server=args.spark_server)
+                results += done
+                print(f"round {round_}: " + ", ".join(f"{t.phase} {t.wall:.2f}s" for t in done), flush=True)
     except SetupError as exc:
         print(f"small_bench: {exc}", file=sys.stderr)
         return 2
@@ -264,7 +259,7 @@ def main() -> int:
     print_rows(rows)
     if args.out:
         Path(args.out).write_text(json.dumps({
-            "benchmark": "small_bench", "machine": machine_facts(), "server": {"url": masked_url(server.url), "via": server.via, **facts},
+            "benchmark": "small_bench", "machine": machine_facts(), "server": server_record(server, facts),
             "stix": data.stix_shape, "summary": rows, "results": [asdict(t) for t in results],
         }, indent=1), encoding="utf-8")
     return 1 if any(row["problems"] for row in rows) else 0

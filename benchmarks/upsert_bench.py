@@ -56,19 +56,17 @@ import yaml  # noqa: E402
 
 from benchmarks.harness import (  # noqa: E402
     SetupError,
-    bench_server,
+    begin_run,
     checkpoint,
     environment,
-    exit_on_sigterm,
     fresh_database,
-    machine_facts,
     masked_url,
     peer_bench_home,
     quiet_server,
     run_idem,
-    server_facts,
+    server_record,
+    spark_on_bench_server,
     start_spark_server_for,
-    stop_spark_server,
 )
 from benchmarks.shared_bench import peer_python  # noqa: E402
 from benchmarks.small_bench import drop_database  # noqa: E402
@@ -437,11 +435,7 @@ def main() -> int:
     parser.add_argument("--workdir", default=str(HERE / "data" / "upsert"))
     parser.add_argument("--out", help="results as JSON (default: <workdir>/results-<time>.json)")
     args = parser.parse_args()
-    exit_on_sigterm()
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    out_path = Path(args.out) if args.out else workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    machine = machine_facts()
+    workdir, out_path, machine = begin_run(args.workdir, args.out)
     paths = write_events(workdir, args.records, 10)
     one_line = workdir / "one.ndjson"
     one_line.write_bytes(paths[0].read_bytes().split(b"\n", 1)[0] + b"\n")
@@ -453,20 +447,16 @@ def main() -> int:
     results: list[Result] = []
     home = peer_bench_home()
     try:
-        with bench_server(args.postgres, args.shared) as server:
+        with spark_on_bench_server(args.postgres, args.shared, workdir / "dagster_home") as (server, facts):
             setup = Setup(server.url, workdir, idem_config(workdir), workdir / "dagster_home", args.master, peer_python(home), home)
-            facts = server_facts(server.url)
             print(f"server: {masked_url(server.url)} (PostgreSQL {facts['server_version']})", flush=True)
             warm = fresh_database(server.url, "upsert_warm")
-            try:
-                start_spark_server_for(setup.idem_home, args.master, setup.config, environment(warm, setup.idem_home, args.master, "auto"))
-                drop_database(server.url, warm)
-                results += run_fixed_cost(setup, one_line)
-                results += run_rounds(setup, paths, expected, args.rounds, lines)
-                if delta:
-                    results += run_delta(setup, delta[0], delta[1], args.delta_base)
-            finally:
-                stop_spark_server(setup.idem_home)
+            start_spark_server_for(setup.idem_home, args.master, setup.config, environment(warm, setup.idem_home, args.master, "auto"))
+            drop_database(server.url, warm)
+            results += run_fixed_cost(setup, one_line)
+            results += run_rounds(setup, paths, expected, args.rounds, lines)
+            if delta:
+                results += run_delta(setup, delta[0], delta[1], args.delta_base)
     except SetupError as exc:
         print(f"upsert_bench: {exc}", file=sys.stderr)
         return 2
@@ -482,7 +472,7 @@ def main() -> int:
         print(f"CHECK FAILED: {line}")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps({
-        "benchmark": "upsert_bench", "args": vars(args), "machine": machine, "server": {"url": masked_url(server.url), **facts},
+        "benchmark": "upsert_bench", "args": vars(args), "machine": machine, "server": server_record(server, facts),
         "data": {"lines": lines, "files": len(paths), "current_identities": len(expected), "seed": SEED},
         "summary": rows, "problems": failed, "results": [asdict(r) for r in results],
     }, indent=1, default=str), encoding="utf-8")

@@ -18,11 +18,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from idem_platform.config import IdemConfig
 
@@ -30,12 +28,11 @@ from idem_platform.config import IdemConfig
 # long-lived Spark Connect server is left behind by a test's `idem ingest`. The tests of
 # spark.server: auto set it back for their own child processes.
 os.environ["IDEM_SPARK_SERVER"] = "off"
-from idem_platform.postgres import connect, ensure_schema
-from idem_platform.postgres.tables import sync_tables
-from idem_platform_tests.helpers.config import write_config
-from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.database import fresh_config, scratch_database
 
 if TYPE_CHECKING:
+    import dagster as dg
+
     from idem_platform_tests.helpers.kafka_broker import Broker
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -70,27 +67,12 @@ def postgres_server() -> Iterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def _with_database(url: str, database: str) -> str:
-    """The same server URL pointing at another database (URL form: Dagster needs URLs)."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
-
-
 @pytest.fixture(scope="module")
 def pg_url(postgres_server: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh database for this test module, with the idem schema; dropped afterwards."""
     module = re.sub(r"[^a-z0-9_]", "_", request.module.__name__.rsplit(".", 1)[-1].lower())[:30]
-    database = f"idem_{module}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-    url = _with_database(postgres_server, database)
-    with connect(url, autocommit=True) as conn:
-        ensure_schema(conn)
-    try:
+    with scratch_database(postgres_server, f"idem_{module}_{uuid.uuid4().hex[:8]}") as url:
         yield url
-    finally:
-        with psycopg.connect(postgres_server, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
 
 
 @pytest.fixture(scope="session")
@@ -114,11 +96,17 @@ def spark():  # type: ignore[no-untyped-def]
 @pytest.fixture
 def threatfeed(tmp_path: Path, pg_url: str) -> IdemConfig:
     """The example config with its own drop dir, on an emptied database with its tables synced."""
-    reset_database(pg_url)
-    config = write_config(tmp_path)
-    with connect(pg_url, autocommit=True) as conn:
-        sync_tables(conn, config.table_specs)
-    return config
+    return fresh_config(tmp_path, pg_url)
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    """An ephemeral Dagster instance for one test (its own runs, partitions and cursors); a
+    module that needs the deployed instance defines its own ``instance``."""
+    import dagster as dg
+
+    with dg.instance_for_test() as instance:
+        yield instance
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.config import example_text, write_config
 from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.filedrop import drop_dir, run_file_partition
 from idem_platform_tests.helpers.paths import EXAMPLE_CONFIG, REPO
 
 GOOD = [
@@ -31,24 +31,8 @@ GOOD = [
 ]
 
 
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
 def run_partition(config: IdemConfig, pg_url: str, instance: dg.DagsterInstance, path: Path) -> dg.ExecuteInProcessResult:
-    defs = build_definitions(config, postgres_url=pg_url)
-    connector = config.connector("threatfeed")
-    job = defs.resolve_job_def("threatfeed_ingest")
-    key = partition_key_for(connector, path)
-    instance.add_dynamic_partitions(partitions_for(connector).name or "", [key])
-    return job.execute_in_process(
-        instance=instance,
-        partition_key=key,
-        run_config={"ops": {"threatfeed__ingest": {"config": {"files": [str(path)]}}}},
-        raise_on_error=False,
-    )
+    return run_file_partition(build_definitions(config, postgres_url=pg_url), instance, config, path, raise_on_error=False)
 
 
 def committed_metadata(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
@@ -111,9 +95,7 @@ def test_a_connector_has_one_spelling_and_its_sensor_names_what_it_watches(threa
 def test_job_commits_a_partition_and_reports_it(
     threatfeed: IdemConfig, pg_url: str, instance: dg.DagsterInstance, spark: Any
 ) -> None:
-    connector = threatfeed.connector("threatfeed")
-    assert connector.path is not None
-    path = write_lines(connector.path / "d1.ndjson", GOOD)
+    path = write_lines(drop_dir(threatfeed) / "d1.ndjson", GOOD)
     result = run_partition(threatfeed, pg_url, instance, path)
     assert result.success
     metadata = committed_metadata(result)
@@ -186,9 +168,7 @@ def test_committed_alone_materializes_from_the_partitions_latest_plan(
 def test_commit_consistency_fails_when_the_table_lost_a_row_of_the_commit(
     threatfeed: IdemConfig, pg_url: str, instance: dg.DagsterInstance, spark: Any
 ) -> None:
-    connector = threatfeed.connector("threatfeed")
-    assert connector.path is not None
-    path = write_lines(connector.path / "d4.ndjson", GOOD)
+    path = write_lines(drop_dir(threatfeed) / "d4.ndjson", GOOD)
     assert run_partition(threatfeed, pg_url, instance, path).success
     with connect(pg_url) as conn:
         conn.execute("DELETE FROM idem.malware")
@@ -208,9 +188,7 @@ def test_commit_consistency_fails_when_the_table_lost_a_row_of_the_commit(
 def test_failed_run_then_retry_commits_once(pg_url: str, tmp_path: Path, instance: dg.DagsterInstance, spark: Any) -> None:
     reset_database(pg_url)
     strict = write_config(tmp_path, example_text().replace("max_reject_ratio: 1.0", "max_reject_ratio: 0.1"))
-    connector = strict.connector("threatfeed")
-    assert connector.path is not None
-    path = write_lines(connector.path / "d2.ndjson", GOOD)
+    path = write_lines(drop_dir(strict) / "d2.ndjson", GOOD)
     failed = run_partition(strict, pg_url, instance, path)
     assert not failed.success
     with connect(pg_url) as conn:
@@ -236,9 +214,7 @@ def test_runs_are_stored_in_postgres_through_dagster_yaml(
     monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE")  # restored after the test, whatever it was
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert os.environ["DAGSTER_EVENT_BATCH_SIZE"] == "1000"  # idem's event log turns batched asset writes on
-        connector = threatfeed.connector("threatfeed")
-        assert connector.path is not None
-        path = write_lines(connector.path / "d3.ndjson", GOOD[:1])
+        path = write_lines(drop_dir(threatfeed) / "d3.ndjson", GOOD[:1])
         # dagster.yaml names idem's pooled subclasses of dagster-postgres's storages.
         assert type(instance.event_log_storage).__name__ == "PooledPostgresEventLogStorage"
         assert type(instance.run_storage).__name__ == "PooledPostgresRunStorage"
@@ -365,9 +341,7 @@ def test_hostile_lines_get_one_outcome_at_line_1_as_at_line_5000_and_never_fail_
     head = [line for line, _, _ in hostile] + [empty_id]
     good = list(threatfeed_lines(5_000, seed=45, duplicate_ratio=0.0))
     tail = [line.replace('"h-', '"t-') for line in head]
-    connector = threatfeed.connector("threatfeed")
-    assert connector.path is not None
-    path = write_lines(connector.path / "hostile.ndjson", [*head, *good, *tail])
+    path = write_lines(drop_dir(threatfeed) / "hostile.ndjson", [*head, *good, *tail])
     result = run_partition(threatfeed, pg_url, instance, path)
     assert result.success
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
@@ -402,9 +376,7 @@ def test_a_file_with_int64_max_beside_a_null_is_committed_through_the_contract_c
         '{"type":"indicator","id":"i2","name":"z","confidence":null,"score":5e-324,"created":-9223372036854775808}',
         '{"type":"indicator","id":"i3","name":"y","confidence":-2147483648}',
     ]
-    connector = threatfeed.connector("threatfeed")
-    assert connector.path is not None
-    path = write_lines(connector.path / "int64max.ndjson", lines)
+    path = write_lines(drop_dir(threatfeed) / "int64max.ndjson", lines)
     result = run_partition(threatfeed, pg_url, instance, path)
     assert result.success
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}

@@ -4,21 +4,19 @@ turns from warn to pass. Real PostgreSQL, Spark, Dagster and a loopback receiver
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import pytest
 
 from idem_platform.config import IdemConfig
 from idem_platform.defs.definitions import build_definitions
 from idem_platform.defs.effects import CHECK_NAME, JOB_NAME, OP_NAME, SENSOR_NAME
-from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
 from idem_platform.defs.resources import POSTGRES_KEY, PostgresResource
 from idem_platform.defs.tables import table_key
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.effects import alert, effects_config, outbox
+from idem_platform_tests.helpers.filedrop import drop_dir, run_file_partition
 from idem_platform_tests.helpers.receiver import Reply, receiving
 
 INDICATOR = table_key("indicator")
@@ -26,12 +24,6 @@ LINES = [
     '{"type":"indicator","id":"h1","name":"high","confidence":90}',
     '{"type":"indicator","id":"l1","name":"low","confidence":10}',
 ]
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 def tick(defs: dg.Definitions, instance: dg.DagsterInstance, pg_url: str) -> dg.RunRequest | dg.SkipReason:
@@ -46,14 +38,7 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, pg_url: str) -> dg.
 
 def ingest(config: IdemConfig, defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     """Drop a file and run the connector's job on its partition, as the file-drop sensor's run would."""
-    connector = config.connector("threatfeed")
-    assert connector.path is not None
-    path = write_lines(connector.path / "today.ndjson", LINES)
-    key = partition_key_for(connector, path)
-    instance.add_dynamic_partitions(partitions_for(connector).name or "", [key])
-    result = defs.resolve_job_def("threatfeed_ingest").execute_in_process(
-        instance=instance, partition_key=key, run_config={"ops": {"threatfeed__ingest": {"config": {"files": [str(path)]}}}}
-    )
+    result = run_file_partition(defs, instance, config, write_lines(drop_dir(config) / "today.ndjson", LINES))
     assert result.success
     return result
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,6 @@ from idem_platform_tests.helpers.kafka_broker import (
 from idem_platform_tests.helpers.sensors import SensorTicker
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 class Ticker(SensorTicker):

@@ -6,7 +6,6 @@ delivery run that recorded answers, and read by a user's asset as a Spark DataFr
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,13 @@ from pyspark.sql import DataFrame
 from idem_platform.config import parse_config
 from idem_platform.defs.definitions import build_definitions, resources_for
 from idem_platform.defs.effects import JOB_NAME
-from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
 from idem_platform.defs.results import results_asset_specs
 from idem_platform.defs.tables import TABLE_IO_MANAGER, table_key
 from idem_platform.errors import ConfigError
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.config import example_text
 from idem_platform_tests.helpers.effects import alert, effects_config
+from idem_platform_tests.helpers.filedrop import drop_dir, run_file_partition
 from idem_platform_tests.helpers.receiver import Reply, receiving
 
 RESULTS = table_key("indicator_enrichment")
@@ -33,12 +32,6 @@ LINES = [
     '{"type":"indicator","id":"h2","name":"higher.example","confidence":95}',
     '{"type":"indicator","id":"l1","name":"low.example","confidence":10}',
 ]
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 def enrichment(url: str) -> dict[str, Any]:
@@ -106,14 +99,7 @@ def test_a_delivery_materializes_the_results_table_and_a_user_asset_reads_it(
         before = read_with(verdicts)  # no dispatcher ran yet: the table does not exist, the frame is empty
         assert before.success and received["rows"] == []
 
-        connector = config.connector("threatfeed")
-        assert connector.path is not None
-        path = write_lines(connector.path / "today.ndjson", LINES)
-        key = partition_key_for(connector, path)
-        instance.add_dynamic_partitions(partitions_for(connector).name or "", [key])
-        ingest = defs.resolve_job_def("threatfeed_ingest").execute_in_process(
-            instance=instance, partition_key=key, run_config={"ops": {"threatfeed__ingest": {"config": {"files": [str(path)]}}}}
-        )
+        ingest = run_file_partition(defs, instance, config, write_lines(drop_dir(config) / "today.ndjson", LINES))
         assert ingest.success
         delivered = defs.resolve_job_def(JOB_NAME).execute_in_process(instance=instance)
     assert delivered.success

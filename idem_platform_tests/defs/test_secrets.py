@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -24,10 +23,11 @@ from psycopg import sql
 from idem_platform.cli import main
 from idem_platform.config import IdemConfig
 from idem_platform.defs.definitions import build_definitions
-from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
+from idem_platform.defs.filedrop.partitions import partitions_for
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.cli import cli_env, idem_command
+from idem_platform_tests.helpers.filedrop import drop_dir, run_file_partition
 from idem_platform_tests.helpers.kafka import kafka_config
 
 ROLE = "idem_secret_test"
@@ -57,12 +57,6 @@ def secret_url(pg_url: str, postgres_server: str) -> str:
     with psycopg.connect(url) as conn:  # the role really logs in with this URL
         assert conn.execute("SELECT current_user").fetchone() == (ROLE,)
     return url
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 def free_port() -> int:
@@ -150,21 +144,14 @@ def test_a_dagster_run_shows_the_password_nowhere(
     monkeypatch: pytest.MonkeyPatch, explicit: bool,
 ) -> None:
     """An explicit URL was a config default: stored in the job snapshot, shown in the Launchpad."""
-    connector = threatfeed.connector("threatfeed")
-    assert connector.path is not None
-    path = write_lines(connector.path / "d.ndjson", RECORDS)
+    path = write_lines(drop_dir(threatfeed) / "d.ndjson", RECORDS)
     if explicit:
         monkeypatch.delenv("IDEM_POSTGRES_URL", raising=False)
         defs = build_definitions(threatfeed, postgres_url=secret_url)
     else:
         monkeypatch.setenv("IDEM_POSTGRES_URL", secret_url)
         defs = build_definitions(threatfeed)
-    key = partition_key_for(connector, path)
-    instance.add_dynamic_partitions(partitions_for(connector).name or "", [key])
-    result = defs.resolve_job_def("threatfeed_ingest").execute_in_process(
-        instance=instance, partition_key=key, raise_on_error=False,
-        run_config={"ops": {"threatfeed__ingest": {"config": {"files": [str(path)]}}}},
-    )
+    result = run_file_partition(defs, instance, threatfeed, path, raise_on_error=False)
     assert result.success
     (event,) = [m for m in result.asset_materializations_for_node("threatfeed__committed") if m.asset_key.path[-1] == "committed"]
     assert event.metadata["rows_written"].value == 1 and event.metadata["rows_rejected"].value == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -19,13 +18,8 @@ from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
 from idem_platform.sources.filedrop import file_unit
 from idem_platform.sources.filedrop.files import hash_file
+from idem_platform_tests.helpers.filedrop import drop_dir
 from idem_platform_tests.helpers.sensors import SensorTicker
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 @pytest.fixture
@@ -35,13 +29,6 @@ def ticker(threatfeed: IdemConfig, instance: dg.DagsterInstance, pg_url: str) ->
 
 def skip_message(result: dg.SensorResult) -> str:
     return (result.skip_reason.skip_message or "") if result.skip_reason else ""
-
-
-def drop_dir(config: IdemConfig) -> Path:
-    path = config.connector("threatfeed").path
-    assert path is not None
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def record_ledger(

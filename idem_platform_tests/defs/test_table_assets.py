@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +43,6 @@ LINES = [
     "not json",
 ]
 INDICATOR = table_key("indicator")
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 def ingest(

@@ -16,24 +16,19 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-import psycopg
 import pytest
-from psycopg import sql
 
 from idem_platform.config import IdemConfig
 from idem_platform.pipeline import commit as run
 from idem_platform.pipeline import ingest as pipeline
-from idem_platform.postgres import connect, ensure_schema
 from idem_platform.samples import write_lines
 from idem_platform.sources.push.server import free_port
 from idem_platform_tests.helpers.cli import cli_env, idem_command
-from idem_platform_tests.helpers.database import rows
+from idem_platform_tests.helpers.database import rows, scratch_database
 from idem_platform_tests.helpers.effects import effects_config
 from idem_platform_tests.helpers.ingest import ingest
-from idem_platform_tests.helpers.push import landed_files, push_config
+from idem_platform_tests.helpers.push import landed_files, push_config, wait_until_serving
 
 QUALIFYING = 200
 SEED = 37
@@ -42,18 +37,8 @@ SEED = 37
 @pytest.fixture
 def b_url(postgres_server: str) -> Iterator[str]:
     """Config B's own database (A has the module's ``pg_url``)."""
-    database = f"idem_receiver_b_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-    parts = urlsplit(postgres_server)
-    url = urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
-    with connect(url, autocommit=True) as conn:
-        ensure_schema(conn)
-    try:
+    with scratch_database(postgres_server, f"idem_receiver_b_{uuid.uuid4().hex[:8]}") as url:
         yield url
-    finally:
-        with psycopg.connect(postgres_server, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
 
 
 @pytest.fixture
@@ -70,15 +55,7 @@ def serve_b(b_url: str, tmp_path: Path) -> Iterator[tuple[str, IdemConfig]]:
         stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, "idem serve did not start"
-            time.sleep(0.1)
+        wait_until_serving(process, port, poll=0.1)
         yield f"http://127.0.0.1:{port}/v1/connectors/push/records", config
     finally:
         os.killpg(process.pid, signal.SIGTERM)

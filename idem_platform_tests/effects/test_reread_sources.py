@@ -6,7 +6,6 @@ PostgreSQL, Spark and Dagster."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,12 +146,6 @@ def test_a_second_connector_of_the_key_namespace_reading_from_the_start_owes_not
 
 
 # --- Dagster: a re-materialized file partition -----------------------------------------------
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
 
 
 def committed_metadata(result: dg.ExecuteInProcessResult) -> dict[str, Any]:

@@ -19,26 +19,13 @@ from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.config import write_config
-from idem_platform_tests.helpers.database import reset_database, rows
+from idem_platform_tests.helpers.database import fresh_config, rows
 from idem_platform_tests.helpers.effects import outbox
 from idem_platform_tests.helpers.ingest import ingest_records
+from idem_platform_tests.helpers.upsert import UPSERT
 
-UPSERT = """
-connectors:
-  - name: feed
-    kind: filedrop
-    path: drop
-    record_type: indicator
-    id_field: id
-tables:
-  indicator:
-    mode: upsert
-    order_by: version
-    delete_when: {field: op, equals: d}
-    columns:
-      version: long
-      confidence: int
-effects:
+# The upsert table with an effect on its changes; ``ON_CHANGE`` stands for each test's ``on_change``.
+UPSERT_EFFECT = UPSERT + """effects:
   - name: changed
     record_type: indicator
     ON_CHANGE
@@ -50,11 +37,7 @@ effect_modules: [json]
 
 
 def _config(tmp_path: Path, pg_url: str, on_change: str = "on_change: [inserted, updated, deleted]") -> IdemConfig:
-    reset_database(pg_url)
-    config = write_config(tmp_path, UPSERT.replace("ON_CHANGE", on_change))
-    with connect(pg_url, autocommit=True) as conn:
-        sync_tables(conn, config.table_specs)
-    return config
+    return fresh_config(tmp_path, pg_url, UPSERT_EFFECT.replace("ON_CHANGE", on_change))
 
 
 def _owed(pg_url: str) -> list[tuple[str, int, str]]:
@@ -102,8 +85,8 @@ def test_a_replayed_file_a_late_older_version_and_a_rebuild_owe_nothing(
     late = ingest_records(pg_url, config, spark, "feed", "2.ndjson", [{"id": "a", "version": 1, "confidence": 1}])
     assert late["rows_written"] == 1 and late["effects_created"] == 0 and outbox(pg_url) == before
     # Another delete rule: the state is rebuilt from the history, and that owes nothing.
-    rebuilt = write_config(tmp_path, UPSERT.replace("ON_CHANGE", "").replace("{field: op, equals: d}",
-                                                                            "{field: confidence, equals: 1}"))
+    rebuilt = write_config(tmp_path, UPSERT_EFFECT.replace("ON_CHANGE", "").replace("{field: op, equals: d}",
+                                                                                   "{field: confidence, equals: 1}"))
     with connect(pg_url, autocommit=True) as conn:
         sync_tables(conn, rebuilt.table_specs)
     assert rows(pg_url, "SELECT count(*) FROM idem.indicator_state") == [(2,)]
@@ -128,10 +111,10 @@ def test_a_run_tagged_as_a_replay_changes_the_state_and_counts_what_it_suppresse
 
 
 def test_on_change_and_the_change_part_are_for_upsert_tables_only(tmp_path: Path) -> None:
-    append = UPSERT.replace("    mode: upsert\n    order_by: version\n    delete_when: {field: op, equals: d}\n", "")
+    append = UPSERT_EFFECT.replace("    mode: upsert\n    order_by: version\n    delete_when: {field: op, equals: d}\n", "")
     with pytest.raises(ConfigError, match="not an upsert table"):
         write_config(tmp_path, append.replace("ON_CHANGE", "on_change: [inserted]"))
     with pytest.raises(ConfigError, match="'change' is neither a column"):
         write_config(tmp_path, append.replace("ON_CHANGE", ""))
     with pytest.raises(ConfigError, match="on_change"):
-        write_config(tmp_path, UPSERT.replace("ON_CHANGE", "on_change: [renamed]"))
+        write_config(tmp_path, UPSERT_EFFECT.replace("ON_CHANGE", "on_change: [renamed]"))

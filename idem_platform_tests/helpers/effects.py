@@ -8,11 +8,10 @@ from typing import Any
 
 import yaml
 
-from idem_platform.config import IdemConfig, parse_config
+from idem_platform.config import IdemConfig
 from idem_platform.postgres import connect
-from idem_platform.postgres.tables import sync_tables
 from idem_platform_tests.helpers.config import example_text
-from idem_platform_tests.helpers.database import reset_database
+from idem_platform_tests.helpers.database import fresh_config
 
 
 def alert(url: str, **overrides: Any) -> dict[str, Any]:
@@ -45,14 +44,7 @@ def effects_config(directory: Path, pg_url: str, effects: list[dict[str, Any]], 
     data = yaml.safe_load(example_text())
     data.update(top)
     data["effects"] = effects
-    text = yaml.safe_dump(data, sort_keys=False)
-    path = directory / "idem.yaml"
-    path.write_text(text, encoding="utf-8")
-    config = parse_config(text, path)
-    reset_database(pg_url)
-    with connect(pg_url, autocommit=True) as conn:
-        sync_tables(conn, config.table_specs)
-    return config
+    return fresh_config(directory, pg_url, yaml.safe_dump(data, sort_keys=False))
 
 
 def outbox(pg_url: str) -> list[dict[str, Any]]:

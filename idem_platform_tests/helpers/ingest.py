@@ -37,8 +37,15 @@ def ingest_records(url: str, config: IdemConfig, spark: Any, connector_name: str
     connector = config.connector(connector_name)
     assert connector.path is not None
     path = write_lines(connector.path / file, [r if isinstance(r, str) else json.dumps(r) for r in records])
+    return commit_files(url, config, spark, connector_name, [path])
+
+
+def commit_files(url: str, config: IdemConfig, spark: Any, connector_name: str, paths: list[Path]) -> dict[str, Any]:
+    """Commit the files ``paths`` (already in the connector's drop directory) as one batch
+    (the planner puts them in its own order): tables prepared, planned, coerced on Spark; its summary."""
+    connector = config.connector(connector_name)
     pipeline.prepare_tables(url, config, connector)
-    batch = pipeline.plan_batch(url, connector, [path])
+    batch = pipeline.plan_batch(url, connector, paths)
     coerced = pipeline.CoercedBatch(batch, connector, pipeline.current_tables(url, config, connector))
     request = run.CommitRequest(url=url, connector=connector, run_id="test", replay=False)
     return run.commit_batch(request, coerced, lambda: spark)

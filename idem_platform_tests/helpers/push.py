@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from idem_platform.config import IdemConfig
@@ -27,3 +30,17 @@ def landed_files(config: IdemConfig, name: str = "push") -> list[Path]:
     directory = config.connector(name).path
     assert directory is not None
     return sorted(p for p in directory.iterdir()) if directory.exists() else []
+
+
+def wait_until_serving(process: subprocess.Popen[Any], port: int, *, poll: float) -> None:
+    """Until the ``idem serve`` child ``process`` answers ``/healthz`` on ``port``, asked every
+    ``poll`` seconds; fails the test if it exits or has not answered within 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, "idem serve did not start"
+        time.sleep(poll)

@@ -16,40 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idem_platform.config import IdemConfig, parse_config
+from idem_platform.config import parse_config
 from idem_platform.errors import ConfigError
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.read.planner import plan_read
 from idem_platform.read.render import lines_in_process
 from idem_platform_tests.helpers.config import write_config
-from idem_platform_tests.helpers.database import reset_database, rows
+from idem_platform_tests.helpers.database import fresh_config, reset_database, rows
 from idem_platform_tests.helpers.ingest import ingest_records
-
-UPSERT = """
-connectors:
-  - name: feed
-    kind: filedrop
-    path: drop
-    record_type: indicator
-    id_field: id
-tables:
-  indicator:
-    mode: upsert
-    order_by: version
-    delete_when: {field: op, equals: d}
-    columns:
-      version: long
-      confidence: int
-"""
-
-
-def config_at(tmp_path: Path, pg_url: str, text: str = UPSERT) -> IdemConfig:
-    reset_database(pg_url)
-    config = write_config(tmp_path, text)
-    with connect(pg_url, autocommit=True) as conn:
-        sync_tables(conn, config.table_specs)
-    return config
+from idem_platform_tests.helpers.threads import at_once
+from idem_platform_tests.helpers.upsert import UPSERT
 
 
 def current(pg_url: str) -> dict[str, dict[str, Any]]:
@@ -127,7 +104,7 @@ def test_a_table_of_the_state_tables_name_that_is_not_idems_is_refused(pg_url: s
 def test_newer_versions_replace_older_ones_and_every_version_stays_in_history(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
-    config = config_at(tmp_path, pg_url)
+    config = fresh_config(tmp_path, pg_url, UPSERT)
     first = ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "a", "version": 2, "confidence": 20},
         {"id": "a", "version": 1, "confidence": 10},  # older, same batch: history only
@@ -160,7 +137,7 @@ def test_idem_read_prints_the_current_state_and_the_history_with_its_flag(
 ) -> None:
     from idem_platform.cli import main
 
-    config = config_at(tmp_path, pg_url)
+    config = fresh_config(tmp_path, pg_url, UPSERT)
     ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "a", "version": 1, "confidence": 1}, {"id": "a", "version": 2, "confidence": 2},
         {"id": "b", "version": 1, "op": "d"},
@@ -179,7 +156,7 @@ def test_idem_read_prints_the_current_state_and_the_history_with_its_flag(
 def test_a_delete_before_its_insert_and_an_older_version_after_a_delete(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
-    config = config_at(tmp_path, pg_url)
+    config = fresh_config(tmp_path, pg_url, UPSERT)
     deleted = ingest_records(pg_url, config, spark, "feed", "1.ndjson", [{"id": "a", "version": 5, "op": "d"}])
     assert deleted["tables"]["indicator"]["deleted"] == 1
     older = ingest_records(pg_url, config, spark, "feed", "2.ndjson", [
@@ -197,7 +174,7 @@ def test_a_delete_before_its_insert_and_an_older_version_after_a_delete(
 def test_a_record_type_with_a_dash_has_unquoted_current_state_relations(pg_url: str, tmp_path: Path, spark: Any) -> None:
     """``threat-actor`` keeps its history in ``idem.threat_actor`` and its current state in
     ``idem.threat_actor_state`` / ``idem.threat_actor_current``: no name needs quoting."""
-    config = config_at(tmp_path, pg_url, UPSERT.replace("record_type: indicator", "record_type: threat-actor").replace(
+    config = fresh_config(tmp_path, pg_url, UPSERT.replace("record_type: indicator", "record_type: threat-actor").replace(
         "  indicator:\n", "  threat-actor:\n"
     ))
     ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
@@ -211,12 +188,12 @@ def test_a_record_type_with_a_dash_has_unquoted_current_state_relations(pg_url: 
 def test_a_delete_marker_may_hold_any_text_and_equals_compares_json_values(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
-    config = config_at(tmp_path, pg_url, UPSERT.replace("{field: op, equals: d}", "{field: op, equals: '100%(x)s'}"))
+    config = fresh_config(tmp_path, pg_url, UPSERT.replace("{field: op, equals: d}", "{field: op, equals: '100%(x)s'}"))
     ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "a", "version": 1, "op": "100%(x)s"}, {"id": "b", "version": 1, "op": 100}, {"id": "c", "version": 1},
     ])
     assert sorted(current(pg_url)) == ["b", "c"]
-    config = config_at(tmp_path, pg_url, UPSERT.replace("{field: op, equals: d}", "{field: gone, equals: 1}"))
+    config = fresh_config(tmp_path, pg_url, UPSERT.replace("{field: op, equals: d}", "{field: gone, equals: 1}"))
     ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "a", "version": 1, "gone": 1.0}, {"id": "b", "version": 1, "gone": True}, {"id": "c", "version": 1, "gone": "1"},
     ])
@@ -226,7 +203,7 @@ def test_a_delete_marker_may_hold_any_text_and_equals_compares_json_values(
 def test_a_delete_needs_its_identity_and_order_but_not_the_other_required_columns(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
-    config = config_at(tmp_path, pg_url, UPSERT.replace("confidence: int", "confidence: {type: int, required: true}"))
+    config = fresh_config(tmp_path, pg_url, UPSERT.replace("confidence: int", "confidence: {type: int, required: true}"))
     summary = ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "a", "version": 1, "confidence": 1},
         {"id": "a", "version": 2, "op": "d"},  # a delete: no confidence needed
@@ -242,7 +219,7 @@ def test_order_compares_timestamps_as_instants_and_a_missing_order_is_a_reject(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
     text = UPSERT.replace("order_by: version", "order_by: modified").replace("version: long", "modified: timestamp")
-    config = config_at(tmp_path, pg_url, text)
+    config = fresh_config(tmp_path, pg_url, text)
     summary = ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "a", "modified": "2026-01-01T10:00:00+02:00", "confidence": 1},  # 08:00Z
         {"id": "a", "modified": "2026-01-01T09:00:00Z", "confidence": 2},  # later as an instant, smaller as text
@@ -260,7 +237,7 @@ def test_a_composite_identity_and_a_new_column_reaches_the_view(pg_url: str, tmp
     text = UPSERT.replace("delete_when: {field: op, equals: d}", "identity: [source, name]").replace(
         "confidence: int", "confidence: int\n      source: string\n      name: string"
     )
-    config = config_at(tmp_path, pg_url, text)
+    config = fresh_config(tmp_path, pg_url, text)
     ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "1", "source": "x", "name": "n", "version": 1, "confidence": 1},
         {"id": "2", "source": "x", "name": "n", "version": 2, "confidence": 2, "colour": "red"},  # evolves a column
@@ -279,7 +256,7 @@ def test_switching_an_append_table_to_upsert_builds_its_state_from_the_history(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
     append = UPSERT.replace("    mode: upsert\n    order_by: version\n    delete_when: {field: op, equals: d}\n", "")
-    config = config_at(tmp_path, pg_url, append)
+    config = fresh_config(tmp_path, pg_url, append)
     ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "a", "version": 1, "confidence": 1}, {"id": "a", "version": 2, "confidence": 2},
     ])
@@ -316,7 +293,7 @@ EVENTS = st.lists(
 def test_any_split_order_and_replay_gives_the_fold_of_the_history(
     pg_url: str, tmp_path: Path, spark: Any, events: list[dict[str, Any]], data: st.DataObject
 ) -> None:
-    config = config_at(tmp_path, pg_url)
+    config = fresh_config(tmp_path, pg_url, UPSERT)
     files = data.draw(st.integers(2, 3), label="files")
     # Each event goes to one or more files (a repeat across files), in any order within each.
     placed: list[list[dict[str, Any]]] = [[] for _ in range(files)]
@@ -333,13 +310,11 @@ def test_any_split_order_and_replay_gives_the_fold_of_the_history(
 
 
 def test_two_commits_at_once_into_one_current_state_give_the_fold(pg_url: str, tmp_path: Path, spark: Any) -> None:
-    import threading
-
     from idem_platform.pipeline import commit as run
     from idem_platform.pipeline import ingest as pipeline
     from idem_platform.samples import write_lines
 
-    config = config_at(tmp_path, pg_url)
+    config = fresh_config(tmp_path, pg_url, UPSERT)
     connector = config.connector("feed")
     assert connector.path is not None
     files = {
@@ -348,21 +323,13 @@ def test_two_commits_at_once_into_one_current_state_give_the_fold(pg_url: str, t
     }
     paths = [write_lines(connector.path / name, [json.dumps(r) for r in records]) for name, records in files.items()]
     tables = pipeline.current_tables(pg_url, config, connector)
-    failures: list[BaseException] = []
 
     def commit(path: Path) -> None:
-        try:
-            batch = pipeline.plan_batch(pg_url, connector, [path])
-            request = run.CommitRequest(url=pg_url, connector=connector, run_id=path.name)
-            run.commit_batch(request, pipeline.CoercedBatch(batch, connector, tables), lambda: spark)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
+        batch = pipeline.plan_batch(pg_url, connector, [path])
+        request = run.CommitRequest(url=pg_url, connector=connector, run_id=path.name)
+        run.commit_batch(request, pipeline.CoercedBatch(batch, connector, tables), lambda: spark)
 
-    threads = [threading.Thread(target=commit, args=(path,)) for path in paths]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    failures = at_once(commit, paths)
     assert not failures, failures
     assert current(pg_url) == folded([r for records in files.values() for r in records])
 
@@ -398,7 +365,7 @@ def test_a_kafka_topic_and_a_file_drop_share_one_current_state(
     from idem_platform_tests.helpers.kafka import ingest as ingest_kafka
     from idem_platform_tests.helpers.kafka_broker import create_topic, produce
 
-    config = config_at(tmp_path, pg_url, FILE_AND_KAFKA.format(bootstrap=kafka_broker.bootstrap, topic=topic))
+    config = fresh_config(tmp_path, pg_url, FILE_AND_KAFKA.format(bootstrap=kafka_broker.bootstrap, topic=topic))
     ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "a", "version": 2, "confidence": 2}, {"id": "b", "version": 1, "confidence": 1},
     ])
@@ -430,7 +397,7 @@ def test_a_kill_after_the_fold_before_commit_changes_nothing_and_the_rerun_folds
     from idem_platform_tests.helpers.cli import cli_env, idem_command
     from idem_platform_tests.helpers.faults import kill_at_fault
 
-    config = config_at(tmp_path, pg_url)
+    config = fresh_config(tmp_path, pg_url, UPSERT)
     ingest_records(pg_url, config, spark, "feed", "1.ndjson", [{"id": "a", "version": 2, "confidence": 2}])
     second = [{"id": "a", "version": 3, "confidence": 3}, {"id": "a", "version": 1, "confidence": 1}, {"id": "b", "version": 1, "op": "d"}]
     assert config.connector("feed").path is not None
@@ -467,7 +434,7 @@ def test_idem_migrate_folds_the_state_again_from_the_migrated_order(pg_url: str,
 
     from idem_platform.read.migrate.run import migrate
 
-    config = config_at(tmp_path, pg_url)
+    config = fresh_config(tmp_path, pg_url, UPSERT)
     ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
         {"id": "a", "version": 1, "confidence": 1}, {"id": "a", "version": 2, "confidence": 2},
         {"id": "b", "version": 3, "confidence": 3},

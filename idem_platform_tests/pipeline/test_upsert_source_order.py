@@ -18,38 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idem_platform.config import IdemConfig, parse_config
+from idem_platform.config import parse_config
 from idem_platform.contract.catalog import SOURCE_ORDER
 from idem_platform.errors import TransientError
 from idem_platform.postgres import connect
 from idem_platform.postgres.tables import sync_tables
 from idem_platform.samples import write_lines
 from idem_platform_tests.helpers.config import write_config
-from idem_platform_tests.helpers.database import reset_database, rows
-from idem_platform_tests.helpers.ingest import ingest_records
-
-BY_SOURCE = """
-connectors:
-  - name: feed
-    kind: filedrop
-    path: drop
-    record_type: indicator
-    id_field: id
-tables:
-  indicator:
-    mode: upsert
-    delete_when: {field: op, equals: d}
-    columns:
-      value: string
-"""
-
-
-def config_at(tmp_path: Path, pg_url: str, text: str = BY_SOURCE) -> IdemConfig:
-    reset_database(pg_url)
-    config = write_config(tmp_path, text)
-    with connect(pg_url, autocommit=True) as conn:
-        sync_tables(conn, config.table_specs)
-    return config
+from idem_platform_tests.helpers.database import fresh_config, rows
+from idem_platform_tests.helpers.ingest import commit_files, ingest_records
+from idem_platform_tests.helpers.upsert import BY_SOURCE
 
 
 def current(pg_url: str) -> dict[str, Any]:
@@ -63,21 +41,6 @@ def folded(lines: list[dict[str, Any]]) -> dict[str, Any]:
     for line in lines:
         last[line["id"]] = line
     return {key: line.get("value") for key, line in last.items() if line.get("op") != "d"}
-
-
-def ingest_batch(pg_url: str, config: IdemConfig, spark: Any, paths: list[Path]) -> dict[str, Any]:
-    """Commit the files ``paths`` (already in the drop directory) as one batch."""
-    from idem_platform.pipeline import commit as run
-    from idem_platform.pipeline import ingest as pipeline
-
-    connector = config.connector("feed")
-    pipeline.prepare_tables(pg_url, config, connector)
-    batch = pipeline.plan_batch(pg_url, connector, paths)
-    coerced = pipeline.CoercedBatch(
-        batch, connector, pipeline.current_tables(pg_url, config, connector)
-    )
-    request = run.CommitRequest(url=pg_url, connector=connector, run_id="test", replay=False)
-    return run.commit_batch(request, coerced, lambda: spark)
 
 
 # --- configuration ---------------------------------------------------------------------------
@@ -100,32 +63,18 @@ def test_an_upsert_table_without_order_by_is_in_the_source_order() -> None:
 def test_the_last_line_wins_a_value_that_comes_back_is_current_and_a_copy_changes_nothing(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
-    config = config_at(tmp_path, pg_url)
-    first = ingest_records(
-        pg_url,
-        config,
-        spark,
-        "feed",
-        "1.ndjson",
-        [
-            {"id": "a", "value": "A"},
-            {"id": "b", "value": "1"},
-            {"id": "a", "value": "B"},
-            {"id": "a", "value": "B"},
-        ],
-    )
+    config = fresh_config(tmp_path, pg_url, BY_SOURCE)
+    first = ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
+        {"id": "a", "value": "A"},
+        {"id": "b", "value": "1"},
+        {"id": "a", "value": "B"},
+        {"id": "a", "value": "B"},
+    ])
     counts = first["tables"]["indicator"]
     # Every line is a version at its position (the repeated B too); per id the last is current.
     assert [counts[k] for k in ("written", "inserted", "updated", "stale")] == [4, 2, 0, 2]
     assert current(pg_url) == {"a": "B", "b": "1"}
-    second = ingest_records(
-        pg_url,
-        config,
-        spark,
-        "feed",
-        "2.ndjson",
-        [{"id": "a", "value": "A"}, {"id": "b", "op": "d"}],
-    )
+    second = ingest_records(pg_url, config, spark, "feed", "2.ndjson", [{"id": "a", "value": "A"}, {"id": "b", "op": "d"}])
     assert (second["tables"]["indicator"]["updated"], second["tables"]["indicator"]["deleted"]) == (
         1,
         1,
@@ -155,7 +104,7 @@ def test_the_last_line_wins_a_value_that_comes_back_is_current_and_a_copy_change
     assert drop is not None
     (drop / "copy.ndjson").write_bytes((drop / "1.ndjson").read_bytes())
     for name in ("1.ndjson", "copy.ndjson"):
-        replay = ingest_batch(pg_url, config, spark, [drop / name])
+        replay = commit_files(pg_url, config, spark, "feed", [drop / name])
         assert replay["rows_written"] == 0
     assert current(pg_url) == {"a": "A"}
     assert rows(pg_url, "SELECT count(*) FROM idem.indicator") == [(6,)]
@@ -164,12 +113,12 @@ def test_the_last_line_wins_a_value_that_comes_back_is_current_and_a_copy_change
 def test_files_one_commit_takes_are_in_the_order_it_reads_them(
     pg_url: str, tmp_path: Path, spark: Any
 ) -> None:
-    config = config_at(tmp_path, pg_url)
+    config = fresh_config(tmp_path, pg_url, BY_SOURCE)
     drop = config.connector("feed").path
     assert drop is not None
     late = write_lines(drop / "2026-01-02.ndjson", [json.dumps({"id": "a", "value": "second"})])
     early = write_lines(drop / "2026-01-01.ndjson", [json.dumps({"id": "a", "value": "first"})])
-    summary = ingest_batch(pg_url, config, spark, [late, early])
+    summary = commit_files(pg_url, config, spark, "feed", [late, early])
     assert summary["rows_written"] == 2
     assert current(pg_url) == {"a": "second"}  # name order within the commit
     orders = rows(pg_url, "SELECT value, _source_order FROM idem.indicator ORDER BY _source_order")
@@ -182,7 +131,7 @@ def test_a_copy_in_the_same_batch_is_the_same_file(pg_url: str, tmp_path: Path, 
     several slices (``split_bytes``): the copy's records have ``a``'s keys, and the earliest
     slice wins a repeated key, so the version is ``a``'s, at ``a``'s place, and ``b``'s
     version stays the later one."""
-    config = config_at(
+    config = fresh_config(
         tmp_path, pg_url, BY_SOURCE.replace("id_field: id", "id_field: id\n    split_bytes: 65536")
     )
     drop = config.connector("feed").path
@@ -192,7 +141,7 @@ def test_a_copy_in_the_same_batch_is_the_same_file(pg_url: str, tmp_path: Path, 
     b = write_lines(drop / "b.ndjson", [json.dumps({"id": "x", "value": "B"})])
     z = drop / "z.ndjson"
     z.write_bytes(a.read_bytes())
-    summary = ingest_batch(pg_url, config, spark, [z, b, a])
+    summary = commit_files(pg_url, config, spark, "feed", [z, b, a])
     assert summary["rows_written"] == 3002
     assert current(pg_url)["x"] == "B"
     ((order,),) = rows(pg_url, "SELECT _source_order FROM idem.indicator WHERE value = 'A'")
@@ -207,18 +156,11 @@ def test_switching_between_order_by_and_the_source_order_rebuilds_the_state(
     append = BY_SOURCE.replace(
         "    mode: upsert\n    delete_when: {field: op, equals: d}\n", ""
     ).replace("value: string", "value: string\n      version: long")
-    config = config_at(tmp_path, pg_url, append)
-    ingest_records(
-        pg_url,
-        config,
-        spark,
-        "feed",
-        "1.ndjson",
-        [
-            {"id": "a", "value": "A", "version": 2},
-            {"id": "a", "value": "B", "version": 1},
-        ],
-    )
+    config = fresh_config(tmp_path, pg_url, append)
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [
+        {"id": "a", "value": "A", "version": 2},
+        {"id": "a", "value": "B", "version": 1},
+    ])
     ingest_records(
         pg_url, config, spark, "feed", "2.ndjson", [{"id": "b", "value": "1", "version": 1}]
     )
@@ -269,7 +211,7 @@ def test_any_split_redelivery_and_retry_gives_the_fold_by_source_order(
     data: st.DataObject,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = config_at(tmp_path, pg_url)
+    config = fresh_config(tmp_path, pg_url, BY_SOURCE)
     drop = config.connector("feed").path
     assert drop is not None
     cuts = (
@@ -286,9 +228,9 @@ def test_any_split_redelivery_and_retry_gives_the_fold_by_source_order(
         ):  # a commit that fails inside its transaction
             monkeypatch.setenv("IDEM_FAULT", "during_apply:raise")
             with pytest.raises(TransientError, match="fault injected at during_apply"):
-                ingest_batch(pg_url, config, spark, [path])
+                commit_files(pg_url, config, spark, "feed", [path])
             monkeypatch.delenv("IDEM_FAULT")
-        ingest_batch(pg_url, config, spark, [path])
+        commit_files(pg_url, config, spark, "feed", [path])
         committed += lines
         if index and data.draw(
             st.booleans(), label="re-delivered"
@@ -299,7 +241,7 @@ def test_any_split_redelivery_and_retry_gives_the_fold_by_source_order(
                 copy = drop / f"copy-{index}.ndjson"
                 copy.write_bytes(source.read_bytes())
                 source = copy
-            assert ingest_batch(pg_url, config, spark, [source])["rows_written"] == 0
+            assert commit_files(pg_url, config, spark, "feed", [source])["rows_written"] == 0
         assert current(pg_url) == folded(committed)
     # The state is the fold of the history: rebuilt from it, it is the same.
     before = rows(pg_url, "SELECT * FROM idem.indicator_state ORDER BY _external_id")
@@ -341,7 +283,7 @@ def test_kafka_offsets_order_versions_and_rereading_them_changes_nothing(
     from idem_platform_tests.helpers.kafka import ingest as ingest_kafka
     from idem_platform_tests.helpers.kafka_broker import create_topic, produce
 
-    config = config_at(
+    config = fresh_config(
         tmp_path, pg_url, KAFKA.format(bootstrap=kafka_broker.bootstrap, topic=topic)
     )
     create_topic(kafka_broker.bootstrap, topic, 2)
@@ -410,7 +352,7 @@ def test_pushed_bodies_one_commit_takes_are_in_the_order_they_landed(
 
     from idem_platform.sources.push.landing import Spool
 
-    config = config_at(tmp_path, pg_url, BY_SOURCE.replace("kind: filedrop", "kind: http"))
+    config = fresh_config(tmp_path, pg_url, BY_SOURCE.replace("kind: filedrop", "kind: http"))
     drop = config.connector("feed").path
     assert drop is not None
     drop.mkdir(parents=True, exist_ok=True)
@@ -422,7 +364,7 @@ def test_pushed_bodies_one_commit_takes_are_in_the_order_they_landed(
     by_name = sorted(landed, key=lambda item: item[1].name)
     for stamp, (_, path) in enumerate(reversed(by_name), 1):  # the greater name landed first
         os.utime(path, ns=(stamp * 10**9, stamp * 10**9))
-    ingest_batch(pg_url, config, spark, [path for _, path in landed])
+    commit_files(pg_url, config, spark, "feed", [path for _, path in landed])
     assert current(pg_url) == {"a": by_name[0][0]}  # the body that landed last
 
 
@@ -432,15 +374,8 @@ def test_idem_read_reads_a_table_in_the_source_order(
     from idem_platform.read.planner import plan_read
     from idem_platform.read.render import lines_in_process
 
-    config = config_at(tmp_path, pg_url)
-    ingest_records(
-        pg_url,
-        config,
-        spark,
-        "feed",
-        "1.ndjson",
-        [{"id": "a", "value": "A"}, {"id": "a", "value": "B"}],
-    )
+    config = fresh_config(tmp_path, pg_url, BY_SOURCE)
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [{"id": "a", "value": "A"}, {"id": "a", "value": "B"}])
     plan, _ = plan_read(pg_url, config, "indicator", ordered=True, current=True)
     assert [json.loads(line)["value"] for line in lines_in_process(plan) if line] == ["B"]
     plan, _ = plan_read(pg_url, config, "indicator", ordered=True)
@@ -457,15 +392,8 @@ def test_a_kill_before_commit_leaves_nothing_and_the_rerun_orders_after_every_ea
     from idem_platform_tests.helpers.cli import cli_env, idem_command
     from idem_platform_tests.helpers.faults import kill_at_fault
 
-    config = config_at(tmp_path, pg_url)
-    ingest_records(
-        pg_url,
-        config,
-        spark,
-        "feed",
-        "1.ndjson",
-        [{"id": "a", "value": "A"}, {"id": "b", "value": "1"}],
-    )
+    config = fresh_config(tmp_path, pg_url, BY_SOURCE)
+    ingest_records(pg_url, config, spark, "feed", "1.ndjson", [{"id": "a", "value": "A"}, {"id": "b", "value": "1"}])
     drop = config.connector("feed").path
     assert drop is not None
     second = [{"id": "a", "value": "B"}, {"id": "b", "op": "d"}, {"id": "a", "value": "A"}]
@@ -478,7 +406,7 @@ def test_a_kill_before_commit_leaves_nothing_and_the_rerun_orders_after_every_ea
     ingest_records(
         pg_url, config, spark, "feed", "3.ndjson", [{"id": "c", "value": "3"}]
     )  # commits meanwhile
-    rerun = ingest_batch(pg_url, config, spark, [path])
+    rerun = commit_files(pg_url, config, spark, "feed", [path])
     assert rerun["rows_written"] == 3
     assert current(pg_url) == folded(
         [{"id": "a", "value": "A"}, {"id": "b", "value": "1"}, {"id": "c", "value": "3"}, *second]

@@ -9,7 +9,6 @@ daemon launch them.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +20,9 @@ from idem_platform.defs.definitions import build_definitions, resources_for
 from idem_platform.defs.filedrop.partitions import partition_key_for, partitions_for
 from idem_platform.postgres import connect
 from idem_platform.samples import write_lines
+from idem_platform_tests.helpers.filedrop import drop_dir
 
 RECORD = '{"type":"malware","id":"m1","name":"x"}'
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        yield instance
-
-
-def drop_dir(config: IdemConfig) -> Path:
-    directory = config.connector("threatfeed").path
-    assert directory is not None
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
 
 
 def launch(

@@ -9,7 +9,6 @@ connectors share a key namespace.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from idem_platform_tests.helpers.kafka import (
     stored_keys,
 )
 from idem_platform_tests.helpers.kafka_broker import Broker, create_topic, produce, spread
+from idem_platform_tests.helpers.threads import at_once
 
 pytestmark = pytest.mark.kafka
 
@@ -113,20 +113,12 @@ def test_two_runs_of_one_range_at_once_commit_it_once(
     batches = [pipeline.plan_batch(pg_url, connector) for _ in range(2)]  # both plan the same ranges
     tables = pipeline.current_tables(pg_url, events, connector)
     results: list[dict[str, Any]] = []
-    failures: list[BaseException] = []
 
     def commit(batch: Any) -> None:
-        try:
-            request = run.CommitRequest(url=pg_url, connector=connector, run_id=f"r{len(results)}")
-            results.append(run.commit_batch(request, pipeline.CoercedBatch(batch, connector, tables), lambda: spark))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
+        request = run.CommitRequest(url=pg_url, connector=connector, run_id=f"r{len(results)}")
+        results.append(run.commit_batch(request, pipeline.CoercedBatch(batch, connector, tables), lambda: spark))
 
-    threads = [threading.Thread(target=commit, args=(b,)) for b in batches]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    failures = at_once(commit, batches)
     assert not failures, failures
     written = sorted(r["rows_written"] for r in results)
     assert written[0] == 0 and written[1] == 3000  # exactly one run wrote them

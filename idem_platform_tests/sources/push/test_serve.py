@@ -36,7 +36,7 @@ from idem_platform.sources.push.server import (
 )
 from idem_platform_tests.helpers.cli import cli_env, idem_command
 from idem_platform_tests.helpers.database import reset_database
-from idem_platform_tests.helpers.push import landed_files, push_config
+from idem_platform_tests.helpers.push import landed_files, push_config, wait_until_serving
 from idem_platform_tests.helpers.push_load import run_load
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
@@ -270,15 +270,7 @@ def test_idem_serve_from_the_command_line(pg_url: str, tmp_path: Path) -> None:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, "idem serve did not start"
-            time.sleep(0.2)
+        wait_until_serving(process, port, poll=0.2)
         answer = httpx.post(
             f"http://127.0.0.1:{port}/v1/connectors/push/records", content=body({"id": "cli"}), headers=NDJSON
         )
