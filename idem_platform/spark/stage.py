@@ -75,7 +75,6 @@ def stage_slice(indexes: Iterable[int], url: str, plan: CommitPlan) -> Iterator[
             direct = DirectRows(list(plan.tables))  # ordinary records skip Arrow: straight to COPY rows
             writer.write(coerce_batch(chunk, plan.spec, repeats, direct), direct)
             checkpoint("staging", split=index, attempt=attempt_number)
-        writer.finish()
     finally:
         writer.close()
     staged = StagedAttempt(

@@ -25,8 +25,6 @@ import re
 import secrets
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import pgpq
@@ -376,25 +374,8 @@ def staged_column_names(spec: TableSpec) -> list[str]:
     return [name for name, _ in STAGED_SYSTEM] + [c.name for c in staged_columns(spec)]
 
 
-@dataclass(frozen=True)
-class _Staged:
-    """What the COPY thread did with one batch's direct rows of a record type."""
-
-    record_type: str
-    rows: int  # staged
-    known: int  # not staged: the table held their keys
-    probed: bool  # whether their keys were looked up
-
-
 class StagingWriter:
     """One task attempt's COPY stream into the commit's staging tables.
-
-    A batch's direct rows are probed (while probing), put in key order and COPYed by a
-    thread of its own while the task coerces the next batch: PostgreSQL parses one batch
-    (its ``jsonb`` above all) or probes its keys while the executor works on the next,
-    instead of each waiting for the other. One batch is in flight at a time, and anything
-    else on the connection (an Arrow-path probe or COPY, a new table) waits for it first.
-    :meth:`finish` waits for the last one and raises its error.
 
     Args:
         url: PostgreSQL URL reachable from this executor.
@@ -421,19 +402,15 @@ class StagingWriter:
         self.rejected = 0
         self._copiers: dict[str, BinaryCopy] = {}
         self._tables: dict[str, str] = {}  # template -> this attempt's table
-        self._copying = ThreadPoolExecutor(max_workers=1, thread_name_prefix="idem-copy")
-        self._pending: Future[_Staged] | None = None  # the direct rows in flight
 
     def _table(self, template: str) -> str:
         """This attempt's table of ``template``, created on first use."""
         table = self._tables.get(template)
         if table is None:
-            self._drain()
             table = self._tables[template] = create_attempt_table(self.conn, self.plan, template, self.attempt)
         return table
 
     def _copy(self, template: str, rows: pa.RecordBatch) -> None:
-        self._drain()
         copier = self._copiers.get(template)
         if copier is None:
             copier = self._copiers[template] = BinaryCopy(self._table(template), rows.schema)
@@ -509,40 +486,24 @@ class StagingWriter:
         return staged, refused
 
     def _write_direct(self, record_type: str, spec: TableSpec, direct: DirectRows) -> None:
-        """Hand a record type's direct rows to the COPY thread (after the COPY before them)."""
-        template = self.plan.staging_table(record_type)
-        table = self._table(template)
-        self._drain()
-        self._pending = self._copying.submit(self._stage_direct, record_type, template, table, spec, direct)
-
-    def _stage_direct(self, record_type: str, template: str, table: str, spec: TableSpec, direct: DirectRows) -> _Staged:
-        """On the COPY thread: a record type's direct rows in key order, without those the
-        table already holds (while probing), COPYed in; returns what it staged and skipped."""
+        """COPY a record type's direct rows in key order (without those the table already
+        holds, while probing)."""
         keys = direct.keys[record_type]
         held: set[int] = set()
-        probed = record_type in self._probing
-        if probed:
+        if record_type in self._probing:
             held = set(self._known_indexes(record_type, keys))
+            self.known[record_type] = self.known.get(record_type, 0) + len(held)
         data, count = in_key_order(direct.rows[record_type], direct.ends[record_type], keys, held)
         if count:
+            template = self.plan.staging_table(record_type)
             try:
-                copied = copy_direct(self.conn, table, staged_column_names(spec), data)
+                copied = copy_direct(self.conn, self._table(template), staged_column_names(spec), data)
             except psycopg.errors.DataError as exc:
                 # The C parser only writes records it is sure of; should PostgreSQL still
                 # refuse one, retrying meets the same bytes: terminal, not transient.
                 raise TerminalError(f"PostgreSQL refused a record staged into {template}: {exc}") from exc
             self._check(template, copied, count)
-        return _Staged(record_type, count, len(held), probed)
-
-    def _drain(self) -> None:
-        """Wait for the direct rows in flight; count them, or raise their error."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            staged = pending.result()
-            if staged.rows:
-                self.rows[staged.record_type] = self.rows.get(staged.record_type, 0) + staged.rows
-            if staged.probed:
-                self.known[staged.record_type] = self.known.get(staged.record_type, 0) + staged.known
+            self.rows[record_type] = self.rows.get(record_type, 0) + count
 
     def _known_indexes(self, record_type: str, keys: list[str]) -> list[int]:
         """The (1-based) positions of the ``keys`` the table holds; stops the attempt's probing
@@ -579,7 +540,6 @@ class StagingWriter:
         keys = rows.column("_idempotency_key")
         plain = pc.is_null(rows.column("_extra"))
         candidates = pc.filter(keys, plain)
-        self._drain()  # the connection is the COPY thread's until then
         found = self._known_indexes(record_type, candidates.to_pylist())
         if not found:
             return rows
@@ -590,17 +550,8 @@ class StagingWriter:
         self.known[record_type] = self.known.get(record_type, 0) + len(found)
         return rows.filter(pa.array(keep))
 
-    def finish(self) -> None:
-        """Wait for the last COPY: then :attr:`rows` counts every staged row (raises its error)."""
-        self._drain()
-
     def close(self) -> None:
-        """Close the connection, after the COPY still in flight (counted, or its error raised)."""
-        try:
-            self._drain()
-        finally:
-            self._copying.shutdown(wait=True)
-            self.conn.close()
+        self.conn.close()
 
 
 def drop_staging_quietly(url: str, commit_ids: Iterable[str]) -> None:
