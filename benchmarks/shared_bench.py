@@ -336,8 +336,8 @@ def goals(rows: list[dict[str, Any]], cold_first: bool = False) -> list[dict[str
         gap = round(abs(first["median_s"] - one["median_s"]) / one["median_s"], 3)
         goal("the same bytes as 10 files within 10 % of one file", gap, gap <= 0.10)
     for row in rows:
-        if row["tool"] == "idem" and row["phase"].endswith("-line file") and row["records"] == 1000:
-            goal("a 1,000-line file ≤ 2 s inside the run", row["inside_median_s"], (row["inside_median_s"] or 99) <= 2)
+        if row["tool"] == "idem" and row["phase"].endswith("-line file") and row["records"] == 1000 and not cold_first:
+            goal("a 1,000-line file ≤ 2 s inside a warm run (its Dagster run)", row.get("dagster_run_median_s"), (row.get("dagster_run_median_s") or 99) <= 2)
         if row["tool"] == "idem" and row["phase"].startswith("STIX batch"):
             goal(f"{row['phase']} ≥ 5,000 rows/s", row["rows_per_s"], (row["rows_per_s"] or 0) >= 5000)
     return out

@@ -12,8 +12,10 @@ small. Per round, each `idem ingest` a child process as in ``ingest_bench.py``:
 4. the STIX-like batch of ``stix_gen.py`` (24,772 objects of 16 types, one table each)
    into another fresh database, as one batch: rows/s.
 
-Each row shows the wall time (process start to exit) and the time inside the run (the
-CLI's JSON summary ``seconds``: after interpreter start and imports). The server is the
+Each row shows the wall time (process start to exit), the time inside the command (the
+CLI's JSON summary ``seconds``: after the interpreter's start and the CLI's imports; Dagster's
+and PySpark's imports are in it) and the run's own duration as Dagster records it (its
+start to its end, as the UI shows it: what a run costs in a process that is already up). The server is the
 shared benchmark's (pg_up.sh, 127.0.0.1:55432, started and stopped if it was not
 running) unless ``--postgres URL`` names another; ``shared_bench.py`` runs these same
 cases in each of its rounds, on its server.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -118,8 +121,34 @@ def ingest(
     args = ["ingest", "--config", str(config), "--connector", connector, *map(str, files)]
     wall, summary, driver, jvm = run_idem(f"{phase} (round {round_})", args, env)
     counts = {k: summary.get(k) for k in ("rows_written", "rows_skipped", "rows_rejected", "replayed")}
-    details = {"driver_mib": round(driver), "jvm_mib": round(jvm), "timings": summary.get("timings") or {}}
+    details = {
+        "driver_mib": round(driver), "jvm_mib": round(jvm), "timings": summary.get("timings") or {},
+        "dagster_run_s": dagster_run_seconds(env),
+    }
     return Timed(tool, phase, round_, wall, records, summary.get("seconds"), counts, details)
+
+
+def dagster_run_seconds(env: dict[str, str]) -> float | None:
+    """The newest run's own duration as Dagster records it and its UI shows it (from the run's
+    start to its end), read from the instance the child used: what a run costs inside a
+    process that is already up, without the interpreter's start and imports."""
+    import dagster as dg
+
+    names = ("DAGSTER_HOME", "IDEM_BENCH_DAGSTER_URL")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: env[name] for name in names if name in env})
+    try:
+        with dg.DagsterInstance.get() as instance:
+            records = instance.get_run_records(limit=1)
+            if not records or records[0].start_time is None or records[0].end_time is None:
+                return None
+            return round(records[0].end_time - records[0].start_time, 3)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def expect(timed: Timed, **wanted: Any) -> Timed:
@@ -195,6 +224,7 @@ def summarize(results: list[Timed]) -> list[dict[str, Any]]:
         walls = [t.wall for t in runs]
         median = statistics.median(walls)
         insides = [t.inside for t in runs if t.inside is not None]
+        dagster_runs = [t.details["dagster_run_s"] for t in runs if t.details.get("dagster_run_s") is not None]
         rows.append({
             "tool": tool,
             "phase": phase,
@@ -206,6 +236,7 @@ def summarize(results: list[Timed]) -> list[dict[str, Any]]:
             "spread": round((max(walls) - min(walls)) / min(walls), 3) if min(walls) else None,
             "rows_per_s": round(runs[0].records / median) if median else None,
             "inside_median_s": round(statistics.median(insides), 3) if insides else None,
+            "dagster_run_median_s": round(statistics.median(dagster_runs), 3) if dagster_runs else None,
             "counts": runs[0].counts,
             "problems": sorted({p for t in runs for p in t.problems}),
         })
@@ -213,13 +244,15 @@ def summarize(results: list[Timed]) -> list[dict[str, Any]]:
 
 
 def print_rows(rows: list[dict[str, Any]], ratio_columns: tuple[str, ...] = ()) -> None:
-    """The table: tool, phase, median seconds, min–max, rows/s, inside the run, then ratios."""
-    head = f"{'tool':5} {'phase':42} {'median s':>9} {'min–max s':>15} {'rows/s':>9} {'inside s':>8}"
+    """The table: tool, phase, median seconds, min–max, rows/s, inside the command (the CLI's
+    ``seconds``), the Dagster run's own duration, then ratios."""
+    head = f"{'tool':5} {'phase':42} {'median s':>9} {'min–max s':>15} {'rows/s':>9} {'inside s':>8} {'run s':>6}"
     print(head + "".join(f" {name:>11}" for name in ratio_columns))
     for row in rows:
         span = f"{row['min_s']:.2f}–{row['max_s']:.2f}"
         inside = f"{row['inside_median_s']:.2f}" if row["inside_median_s"] is not None else "—"
-        line = f"{row['tool']:5} {row['phase'][:42]:42} {row['median_s']:9.2f} {span:>15} {row['rows_per_s'] or 0:9,} {inside:>8}"
+        run = f"{row['dagster_run_median_s']:.2f}" if row.get("dagster_run_median_s") is not None else "—"
+        line = f"{row['tool']:5} {row['phase'][:42]:42} {row['median_s']:9.2f} {span:>15} {row['rows_per_s'] or 0:9,} {inside:>8} {run:>6}"
         for name in ratio_columns:
             value = row.get("ratios", {}).get(name)
             line += f" {value:11.2f}" if value is not None else f" {'—':>11}"
