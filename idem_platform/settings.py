@@ -88,3 +88,10 @@ def fault_from_environment() -> str | None:
 def http_token_from_environment() -> str | None:
     """``$IDEM_HTTP_TOKEN`` trimmed; blank means none."""
     return (os.environ.get(HTTP_TOKEN_ENV) or "").strip() or None
+
+
+def environment_items() -> list[tuple[str, str]]:
+    """Every variable of the environment, sorted by name: what a config's ``${VAR}`` values
+    and the definitions built from it may read (the input of a run's config fingerprint,
+    :func:`idem_platform.defs.inprocess.config_fingerprint`)."""
+    return sorted(os.environ.items())

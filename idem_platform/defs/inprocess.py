@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from idem_platform.defs.storage import pool_storage_connections
 from idem_platform.defs.summary import summary_from_metadata
 from idem_platform.defs.terminal import terminal_logger
 from idem_platform.errors import TerminalError
+from idem_platform.settings import environment_items
 
 # Dagster's documented tag of a run's partition (what ``execute_in_process(partition_key=)`` sets).
 PARTITION_TAG = "dagster/partition"
@@ -67,7 +67,7 @@ def config_fingerprint(config_path: str) -> str:
     an earlier run whose config or environment differed.
     """
     digest = hashlib.sha256(Path(config_path).read_bytes())
-    for name, value in sorted(os.environ.items()):
+    for name, value in environment_items():
         digest.update(f"\0{name}={value}".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32]
 
